@@ -1,0 +1,71 @@
+# kvcost — `make` alone lists the targets. Everything runs inside .venv/, which
+# `make setup` creates from the exact pins in requirements.txt.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON    ?= python3
+VENV      := .venv
+PY        := $(CURDIR)/$(VENV)/bin/python
+STAMP     := $(VENV)/.installed
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+EXECUTED  := build/executed
+# papermill and nbval both run from notebooks/, as CONTRACT.md says.
+PAPERMILL := $(PY) -m papermill --cwd . -k python3 --no-progress-bar --log-level WARNING
+export MPLBACKEND := Agg
+export PYTHONHASHSEED := 0
+
+.PHONY: help setup figures notebooks test unit nbval bench sweep real-kv lab clean
+
+help: ## list the targets
+	@echo "kvcost — make targets:"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
+
+setup: $(STAMP) ## create .venv with the pinned requirements, kvcost editable, the Jupyter kernel
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m ipykernel install --sys-prefix --name kvcost --display-name "Python (kvcost)" >/dev/null
+	touch $@
+
+figures: $(STAMP) ## run every notebook with papermill: figures/ and results/ (executed copies in build/)
+	@mkdir -p $(EXECUTED)
+	@set -e; for nb in $(NOTEBOOKS); do \
+	  name=$$(basename $$nb); echo "papermill $$name"; \
+	  (cd notebooks && $(PAPERMILL) $$name ../$(EXECUTED)/$$name); \
+	done
+
+notebooks: $(STAMP) ## re-execute the committed notebooks in place, volatile metadata stripped
+	@set -e; for nb in $(NOTEBOOKS); do \
+	  name=$$(basename $$nb); echo "execute $$name"; \
+	  (cd notebooks && $(PAPERMILL) $$name $$name); \
+	  $(PY) scripts/nbclean.py $$nb; \
+	done
+
+test: unit nbval ## unit tests, then nbval on every committed notebook (what CI runs)
+
+unit: $(STAMP) ## unit tests only
+	$(PY) -m pytest tests
+
+nbval: $(STAMP) ## nbval on every committed notebook, from notebooks/
+	cd notebooks && $(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env \
+	  --nbval-sanitize-with ../tests/nbval_sanitize.cfg $(notdir $(NOTEBOOKS))
+
+bench: $(STAMP) ## speed benchmarks: a table printed and saved to results/bench.csv
+	$(PY) -m kvcost.bench --out results/bench.csv
+
+sweep: $(STAMP) ## long parameter sweeps with papermill (build/sweeps/, results/sweeps/)
+	$(PY) -m kvcost.sweep
+
+real-kv: $(STAMP) ## extract real K/V from all-MiniLM-L6-v2 into data/real_kv/ (needs torch: installs the [real] extra)
+	$(PY) -m pip install --quiet -e '.[real]'
+	$(PY) scripts/extract_real_kv.py
+
+lab: $(STAMP) ## open the notebooks in JupyterLab
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean: ## remove build/, results/ and caches (keeps .venv)
+	rm -rf build results .pytest_cache .hypothesis
+	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +

@@ -1,0 +1,42 @@
+"""Where results go: the repository root, per-notebook result folders, full-precision CSV."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+__all__ = ["repo_root", "resolve_out_dir", "write_table"]
+
+
+def repo_root() -> Path:
+    """The repository root: the folder holding ``pyproject.toml`` above this package.
+
+    The package is installed editable from ``lib/kvcost``, so the root is two levels up;
+    outside a checkout (a plain install) fall back to the current directory.
+    """
+    here = Path(__file__).resolve().parents[2]
+    if (here / "pyproject.toml").is_file() and (here / "lib" / "kvcost").is_dir():
+        return here
+    return Path.cwd()
+
+
+def resolve_out_dir(out_dir: str | Path | None, stem: str) -> Path:
+    """Resolve a notebook's ``out_dir`` parameter and create the folder.
+
+    Empty or ``None`` means ``results/<stem>/``; a relative path is taken relative to the
+    repository root (CONTRACT.md), whatever the working directory is.
+    """
+    if out_dir is not None and not isinstance(out_dir, (str, Path)):
+        raise ValueError(f"parameter 'out_dir' must be a path string, got {out_dir!r}")
+    path = Path(out_dir) if out_dir else Path("results") / stem
+    if not path.is_absolute():
+        path = repo_root() / path
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_table(df: pd.DataFrame, out_dir: Path, filename: str) -> Path:
+    """Write ``df`` as CSV at full precision (floats round-trip exactly; no display rounding)."""
+    path = Path(out_dir) / filename
+    df.to_csv(path, index=False, float_format=None, lineterminator="\n")
+    return path

@@ -1,0 +1,70 @@
+"""Verdicts computed from results: each claim of the post against the number kvcost computes.
+
+A notebook's **Verdict** cell renders a list of :class:`Check` rows; its text is built from
+the computed values, never typed in.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+__all__ = ["Check", "check_printed", "check_value", "checks_frame", "verdict_markdown", "show_verdict"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One claim: what was published, what kvcost computed, whether they agree, and why not."""
+
+    claim: str
+    published: str
+    computed: str
+    agrees: bool
+    note: str = ""
+
+
+def check_printed(claim: str, printed: str, value: object, fmt: str, note: str = "") -> Check:
+    """Agreement to the digits printed: ``format(value, fmt)`` must equal ``printed`` exactly."""
+    computed = format(value, fmt).strip()
+    return Check(claim, printed.strip(), computed, computed == printed.strip(), note)
+
+
+def check_value(claim: str, published: float, computed: float, rel_tol: float = 0.0,
+                abs_tol: float = 0.0, fmt: str = "g", note: str = "") -> Check:
+    """Numeric agreement within a tolerance (exact when both tolerances are 0)."""
+    diff = abs(float(computed) - float(published))
+    agrees = diff <= max(abs_tol, rel_tol * abs(float(published)))
+    return Check(claim, format(published, fmt), format(computed, fmt), bool(agrees), note)
+
+
+def checks_frame(checks: Sequence[Check]) -> pd.DataFrame:
+    """The checks as a table with columns claim, published, computed, agrees, note."""
+    return pd.DataFrame([asdict(c) for c in checks], columns=["claim", "published", "computed", "agrees", "note"])
+
+
+def verdict_markdown(checks: Sequence[Check], what: str = "printed numbers") -> str:
+    """Markdown verdict: a summary line, then one line per check that differs (with its reason)."""
+    n_ok = sum(c.agrees for c in checks)
+    lines = ["### Verdict", ""]
+    if n_ok == len(checks):
+        lines.append(f"**Reproduced**: all {len(checks)} {what} agree with kvcost's computation.")
+    else:
+        lines.append(f"**Differs**: {n_ok} of {len(checks)} {what} agree; these do not:")
+        lines.append("")
+        for c in checks:
+            if not c.agrees:
+                why = f" — {c.note}" if c.note else ""
+                lines.append(f"- {c.claim}: the post says `{c.published}`, kvcost computes `{c.computed}`{why}")
+    return "\n".join(lines)
+
+
+def show_verdict(checks: Sequence[Check], what: str = "printed numbers", extra: str = "") -> None:
+    """Display the verdict as Markdown in a notebook (plain text elsewhere)."""
+    text = verdict_markdown(checks, what) + (("\n\n" + extra) if extra else "")
+    try:
+        from IPython.display import Markdown, display
+    except ImportError:  # pragma: no cover - outside Jupyter
+        print(text)
+    else:
+        display(Markdown(text))
