@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-__all__ = ["Check", "check_printed", "check_value", "checks_frame", "verdict_markdown", "show_verdict"]
+__all__ = ["Check", "check_printed", "check_value", "compare_table", "checks_frame", "verdict_markdown",
+           "show_verdict"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,26 @@ def show_verdict(checks: Sequence[Check], what: str = "printed numbers", extra: 
         print(text)
     else:
         display(Markdown(text))
+
+
+def compare_table(printed: pd.DataFrame, computed: pd.DataFrame, keys: Sequence[str],
+                  formats: dict[str, str], label: str = "", note: str = "") -> list[Check]:
+    """Check every printed cell against the computed table, to the digits printed.
+
+    ``printed`` holds the post's strings (see :mod:`kvcost.post`); rows are matched on the
+    ``keys`` columns (compared as strings), and each column in ``formats`` is formatted
+    with its format spec before comparison. A printed row with no computed row fails.
+    """
+    checks = []
+    index = {tuple(str(row[k]) for k in keys): row for _, row in computed.iterrows()}
+    for _, prow in printed.iterrows():
+        key = tuple(str(prow[k]) for k in keys)
+        crow = index.get(key)
+        where = " ".join(f"{k}={v}" for k, v in zip(keys, key))
+        for col, fmt in formats.items():
+            claim = f"{label} {where} {col}".strip()
+            if crow is None:
+                checks.append(Check(claim, str(prow[col]), "(not computed)", False, "row missing"))
+            else:
+                checks.append(check_printed(claim, str(prow[col]), crow[col], fmt, note))
+    return checks
