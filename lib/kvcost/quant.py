@@ -464,3 +464,68 @@ def rotated_roundtrip(x: np.ndarray, roundtrip: Callable[[np.ndarray], np.ndarra
     the L2 error is the same in either basis."""
     y = roundtrip(hadamard_rotate(x, block=block))
     return hadamard_rotate(y, block=block) if rotate_back else y
+
+
+# ----------------------------------------------------------------------------------------
+# fp8 cache (vLLM): x / scale rounded once to fp8, read back as fp8 * scale
+# ----------------------------------------------------------------------------------------
+
+FP8_FORMATS = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+FP8_SCALINGS = ("tensor", "head", "token")
+
+
+def fp8_scale(x: np.ndarray, fmt: str = "e4m3", scaling: str = "tensor") -> np.ndarray:
+    """The calibrated fp8 scale(s) of ``x`` shaped ``(..., heads, tokens, head_dim)``.
+
+    ``scale = amax / fmt_max`` (448 for e4m3, 57344 for e5m2) over the span a scale covers:
+    ``"tensor"`` the whole array (vLLM's per-tensor ``k_scale``), ``"head"`` each
+    ``(tokens, head_dim)`` slice (vLLM's per-attention-head scales, ``[num_kv_heads]``),
+    ``"token"`` each row of ``head_dim`` values. A zero amax gives scale 1.0. Returned with
+    keepdims so it broadcasts against ``x``.
+    """
+    from . import floats  # lazily: quant's int-k and ggml parts do not need it
+
+    name = _fp8_name(fmt)
+    if scaling not in FP8_SCALINGS:
+        raise ValueError(f"parameter 'scaling' must be one of {list(FP8_SCALINGS)}, got {scaling!r}")
+    x = _as_float(x)
+    if scaling == "head" and x.ndim < 2:
+        raise ValueError(f"parameter 'x' must have shape (..., tokens, head_dim) for per-head scales, got {x.shape}")
+    axes = {"tensor": None, "head": (-2, -1), "token": -1}[scaling]
+    amax = np.abs(x).max(axis=axes, keepdims=True)
+    scale = amax / x.dtype.type(floats.parse_format(name).max)
+    return np.where(scale == 0, x.dtype.type(1.0), scale).astype(x.dtype, copy=False)
+
+
+def _fp8_name(fmt: str) -> str:
+    if fmt not in FP8_FORMATS:
+        raise ValueError(f"parameter 'fmt' must be one of {list(FP8_FORMATS)}, got {fmt!r}")
+    return FP8_FORMATS[fmt]
+
+
+def fp8_roundtrip(x: np.ndarray, fmt: str = "e4m3", scaling: str = "tensor", *,
+                  scale: float | np.ndarray | None = None) -> np.ndarray:
+    """fp8 cache round trip as vLLM stores it: ``fp8(x / scale) * scale``.
+
+    ``fmt``: ``"e4m3"`` (OCP E4M3FN, max 448, no inf) or ``"e5m2"``. ``scaling``: see
+    :func:`fp8_scale`; an explicit ``scale`` (a scalar or an array broadcasting against
+    ``x``) overrides it — vLLM's uncalibrated default is ``scale=1.0``. The quotient is
+    computed in ``x``'s precision (float32 input: float32, as the engines' kernels do) and
+    rounded to fp8 once, to nearest even, saturating at ±max as the CUDA ``SATFINITE``
+    conversion does (``kvcost.floats.round_to``, never float64 -> float32 -> fp8 double
+    rounding). Returns ``x``'s floating dtype.
+    """
+    from . import floats
+
+    name = _fp8_name(fmt)
+    x = _as_float(x)
+    if scale is None:
+        s = fp8_scale(x, fmt, scaling)
+    else:
+        if scaling not in FP8_SCALINGS:
+            raise ValueError(f"parameter 'scaling' must be one of {list(FP8_SCALINGS)}, got {scaling!r}")
+        s = np.asarray(scale, dtype=x.dtype)
+        if not (np.isfinite(s).all() and (s > 0).all()):
+            raise ValueError(f"parameter 'scale' must be finite and > 0, got {scale!r}")
+    q = floats.round_to(x / s, name, saturate=True)     # one rounding, from the quotient's precision
+    return (np.asarray(q).astype(x.dtype) * s).astype(x.dtype, copy=False)
