@@ -1,0 +1,234 @@
+"""KV-cache storage formats and the bytes they really take.
+
+A format is how one K (or V) value is stored, *including* whatever metadata the
+format needs to decode it: llama.cpp's block scales, a KIVI group's scale and
+zero point, an fp8 cache's per-token scales. ``bytes_per_value`` and
+``bits_per_value`` give the amortized cost exactly (a :class:`fractions.Fraction`
+where it matters), so "q8_0 is 8-bit" becomes "q8_0 is 8.5 bits".
+
+Names understood by :func:`get`:
+
+========================  ==========================================================
+``fp32``, ``bf16``,       plain floats: 4, 2, 2 bytes (llama.cpp spellings ``f32``,
+``fp16``                  ``f16``; ``float16``/``bfloat16``/``float32`` also accepted)
+``fp8_e4m3``,             one byte; a per-tensor scale is negligible and not counted
+``fp8_e5m2``              (``fp8`` = ``fp8_e4m3``, vLLM's default fp8 cache)
+``fp8_e4m3_head``         one byte plus one fp32 scale per KV head per layer (a
+(and ``_e5m2_head``)      constant, not per token: counted by :func:`fixed_bytes`)
+``fp8_e4m3_token``        one byte plus one fp32 scale per token per KV head, i.e.
+(and ``_e5m2_token``)     4 bytes per ``head_dim`` values
+``q8_0`` ``q4_0``         llama.cpp blocks of 32 values: 34, 18, 20, 22, 24, 18
+``q4_1`` ``q5_0``         bytes per block (fp16 scale, fp16 min for ``_1``, high
+``q5_1`` ``iq4_nl``       bits for ``q5``; ``iq4_nl`` is a 4-bit non-linear table)
+``int{k}_g{g}``           KIVI-style asymmetric int-k in groups of g values, one fp16
+                          scale and one fp16 zero point per group (k in 1..8)
+``kivi{k}[_g{g}][_r{R}]`` int-k groups (default g=32) plus a full-precision (fp16)
+                          residual window of the R most recent tokens (default 128),
+                          the configuration of the KIVI paper
+========================  ==========================================================
+
+This module imports only the standard library so ``python -m kvcost`` stays fast.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+__all__ = [
+    "Format", "get", "names", "bytes_per_value", "bits_per_value", "row_bytes",
+    "fixed_bytes", "describe", "GGML_BLOCKS",
+]
+
+#: llama.cpp block formats usable for the KV cache (ggml-common.h block structs):
+#: name -> (values per block, bytes per block, payload bits per value, layout).
+GGML_BLOCKS: dict[str, tuple[int, int, int, str]] = {
+    "q8_0": (32, 34, 8, "32 int8 + fp16 scale"),
+    "q4_0": (32, 18, 4, "32 x 4-bit + fp16 scale"),
+    "q4_1": (32, 20, 4, "32 x 4-bit + fp16 scale + fp16 min"),
+    "q5_0": (32, 22, 5, "32 x 4-bit + 32 high bits + fp16 scale"),
+    "q5_1": (32, 24, 5, "32 x 4-bit + 32 high bits + fp16 scale + fp16 min"),
+    "iq4_nl": (32, 18, 4, "32 x 4-bit indices into a non-linear table + fp16 scale"),
+}
+
+_PLAIN: dict[str, tuple[int, str]] = {
+    "fp32": (4, "IEEE float32"),
+    "bf16": (2, "bfloat16"),
+    "fp16": (2, "IEEE float16"),
+}
+
+_ALIASES = {
+    "f32": "fp32", "float32": "fp32", "float": "fp32",
+    "f16": "fp16", "float16": "fp16", "half": "fp16",
+    "bfloat16": "bf16",
+    "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
+}
+
+_SCALE_BYTES_FP8 = 4      # fp32 scales, as vLLM stores k_scale / v_scale
+_GROUP_META_BYTES = 4     # KIVI: one fp16 scale + one fp16 zero point per group
+_KIVI_DEFAULT_GROUP = 32
+_KIVI_DEFAULT_RESIDUAL = 128
+
+
+@dataclass(frozen=True)
+class Format:
+    """One storage format for K or V values.
+
+    ``block`` values share ``block_bytes`` bytes (payload and metadata together).
+    ``block == 0`` means the block is one head vector of ``head_dim`` values, so the
+    cost depends on the head size (per-token fp8 scales). ``residual`` recent tokens
+    are kept in ``residual_format`` instead (KIVI's full-precision window).
+    """
+
+    name: str
+    description: str
+    payload_bits: int
+    block: int
+    block_bytes: Fraction
+    scale: str = "none"            # none | tensor | head | token | block | group
+    residual: int = 0
+    residual_format: str = "fp16"
+    per_head_meta_bytes: int = 0   # constant bytes per KV head per layer (static scales)
+
+    def bytes_per_value(self, head_dim: int | None = None) -> Fraction:
+        """Exact amortized bytes per stored value (``head_dim`` only matters for per-token scales)."""
+        if self.block == 0:
+            d = 128 if head_dim is None else _positive_int("head_dim", head_dim)
+            return Fraction(self.payload_bits, 8) + Fraction(_SCALE_BYTES_FP8, d)
+        return Fraction(self.block_bytes) / self.block
+
+    def bits_per_value(self, head_dim: int | None = None) -> float:
+        """Amortized bits per stored value, metadata included (a float)."""
+        return float(8 * self.bytes_per_value(head_dim))
+
+    def row_bytes(self, n_values: int, head_dim: int | None = None) -> Fraction:
+        """Bytes one token's row of ``n_values`` values takes in one layer (K or V alone).
+
+        Block formats are stored whole blocks along the row (llama.cpp quantizes the
+        ``n_kv_heads * head_dim`` row), so a row that is not a multiple of the block
+        is padded up. Group formats (KIVI) are amortized: groups may run along tokens.
+        """
+        n = _nonneg_int("n_values", n_values)
+        if self.block == 0:
+            d = 128 if head_dim is None else _positive_int("head_dim", head_dim)
+            vectors = math.ceil(n / d)
+            return Fraction(n * self.payload_bits, 8) + vectors * _SCALE_BYTES_FP8
+        if self.scale == "block":
+            return math.ceil(n / self.block) * Fraction(self.block_bytes)
+        return n * self.bytes_per_value()
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _nonneg_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _build(name: str) -> Format:
+    if name in _PLAIN:
+        nbytes, desc = _PLAIN[name]
+        return Format(name, desc, 8 * nbytes, 1, Fraction(nbytes))
+    if name in GGML_BLOCKS:
+        block, nbytes, bits, layout = GGML_BLOCKS[name]
+        return Format(name, f"llama.cpp {name}: {layout} = {nbytes} bytes per {block} values",
+                      bits, block, Fraction(nbytes), scale="block")
+    m = re.fullmatch(r"fp8_(e4m3|e5m2)(?:_(tensor|head|token))?", name)
+    if m:
+        kind, scale = m.group(1), m.group(2) or "tensor"
+        base = f"fp8 {kind.upper()}"
+        if scale == "tensor":
+            return Format(name, f"{base}, one per-tensor scale (negligible, not counted)", 8, 1,
+                          Fraction(1), scale="tensor")
+        if scale == "head":
+            return Format(name, f"{base}, one static fp32 scale per KV head per layer", 8, 1,
+                          Fraction(1), scale="head", per_head_meta_bytes=_SCALE_BYTES_FP8)
+        return Format(name, f"{base}, one fp32 scale per token per KV head", 8, 0,
+                      Fraction(0), scale="token")
+    m = re.fullmatch(r"int(\d+)_g(\d+)", name)
+    if m:
+        bits, group = int(m.group(1)), int(m.group(2))
+        _check_int_k(name, bits, group)
+        return Format(name, f"int{bits} asymmetric, fp16 scale + fp16 zero per {group} values",
+                      bits, group, Fraction(group * bits, 8) + _GROUP_META_BYTES, scale="group")
+    m = re.fullmatch(r"kivi(\d+)(?:_g(\d+))?(?:_r(\d+))?", name)
+    if m:
+        bits = int(m.group(1))
+        group = int(m.group(2)) if m.group(2) else _KIVI_DEFAULT_GROUP
+        residual = int(m.group(3)) if m.group(3) else _KIVI_DEFAULT_RESIDUAL
+        _check_int_k(name, bits, group)
+        return Format(name, f"KIVI int{bits}, groups of {group} (fp16 scale + zero), "
+                            f"last {residual} tokens in fp16",
+                      bits, group, Fraction(group * bits, 8) + _GROUP_META_BYTES, scale="group",
+                      residual=residual)
+    raise ValueError(f"unknown format {name!r}; known: {names()} "
+                     "(plus int{k}_g{g}, kivi{k}[_g{g}][_r{R}], fp8_e4m3_head/_token, fp8_e5m2_head/_token)")
+
+
+def _check_int_k(name: str, bits: int, group: int) -> None:
+    if not 1 <= bits <= 8:
+        raise ValueError(f"format {name!r}: bits must be between 1 and 8, got {bits}")
+    if group < 1:
+        raise ValueError(f"format {name!r}: group size must be >= 1, got {group}")
+
+
+_CACHE: dict[str, Format] = {}
+
+
+def get(fmt: str | Format) -> Format:
+    """The :class:`Format` for a name (case-insensitive, aliases accepted); ValueError if unknown."""
+    if isinstance(fmt, Format):
+        return fmt
+    if not isinstance(fmt, str):
+        raise ValueError(f"format must be a name string, got {fmt!r}")
+    key = fmt.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in _CACHE:
+        _CACHE[key] = _build(key)
+    return _CACHE[key]
+
+
+def names() -> list[str]:
+    """The fixed format names (parametrized families are described in the module docstring)."""
+    return [*_PLAIN, "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_head", "fp8_e5m2_head",
+            "fp8_e4m3_token", "fp8_e5m2_token", *GGML_BLOCKS, "int4_g32", "int2_g32",
+            "kivi4", "kivi2"]
+
+
+def bytes_per_value(fmt: str | Format, head_dim: int | None = None) -> Fraction:
+    """Exact amortized bytes per value of ``fmt`` (e.g. ``q8_0`` -> 17/16, ``bf16`` -> 2)."""
+    return get(fmt).bytes_per_value(head_dim)
+
+
+def bits_per_value(fmt: str | Format, head_dim: int | None = None) -> float:
+    """True bits per value of ``fmt`` with all metadata amortized (``q4_0`` -> 4.5, ``kivi2`` -> 3.0).
+
+    ``head_dim`` matters only for per-token-scaled fp8 (default 128). KIVI's fp16 residual
+    window is a per-sequence cost, not a per-value one; :func:`kvcost.sizing.cache_bytes`
+    counts it.
+    """
+    return get(fmt).bits_per_value(head_dim)
+
+
+def row_bytes(fmt: str | Format, n_values: int, head_dim: int | None = None) -> Fraction:
+    """Bytes of one token's K (or V) row of ``n_values`` values in one layer."""
+    return get(fmt).row_bytes(n_values, head_dim)
+
+
+def fixed_bytes(fmt: str | Format, kv_heads: int) -> int:
+    """Constant (context-independent) metadata bytes per layer for K or V: static per-head scales."""
+    return get(fmt).per_head_meta_bytes * _positive_int("kv_heads", kv_heads)
+
+
+def describe(fmt: str | Format) -> dict[str, object]:
+    """Name, description, exact bytes per value (as text) and bits per value, for tables."""
+    f = get(fmt)
+    bpv = f.bytes_per_value()
+    return {"format": f.name, "description": f.description, "bytes_per_value": str(bpv),
+            "bits_per_value": float(8 * bpv), "residual_tokens": f.residual}
