@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-__all__ = ["Check", "check_printed", "check_value", "compare_table", "checks_frame", "verdict_markdown",
+__all__ = ["Check", "check_printed", "check_value", "compare_table", "checks_frame", "formatted", "verdict_markdown",
            "show_verdict"]
 
 
@@ -44,25 +44,40 @@ def checks_frame(checks: Sequence[Check]) -> pd.DataFrame:
     return pd.DataFrame([asdict(c) for c in checks], columns=["claim", "published", "computed", "agrees", "note"])
 
 
-def verdict_markdown(checks: Sequence[Check], what: str = "printed numbers") -> str:
-    """Markdown verdict: a summary line, then one line per check that differs (with its reason)."""
-    n_ok = sum(c.agrees for c in checks)
+def verdict_markdown(checks: Sequence[Check], what: str = "printed numbers",
+                     readings: Sequence[Check] = ()) -> str:
+    """Markdown verdict: reproduction of the printed numbers, then the post's readings.
+
+    The first part summarises ``checks`` (reproduced, or which numbers differ and why);
+    the second lists each of ``readings`` (claims in the post's prose) as holding or not,
+    with what was computed.
+    """
     lines = ["### Verdict", ""]
-    if n_ok == len(checks):
-        lines.append(f"**Reproduced**: all {len(checks)} {what} agree with kvcost's computation.")
-    else:
-        lines.append(f"**Differs**: {n_ok} of {len(checks)} {what} agree; these do not:")
-        lines.append("")
-        for c in checks:
-            if not c.agrees:
-                why = f" — {c.note}" if c.note else ""
-                lines.append(f"- {c.claim}: the post says `{c.published}`, kvcost computes `{c.computed}`{why}")
+    if checks:
+        n_ok = sum(c.agrees for c in checks)
+        if n_ok == len(checks):
+            lines.append(f"**Reproduced**: all {len(checks)} {what} agree with kvcost's computation.")
+        else:
+            lines.append(f"**Differs**: {n_ok} of {len(checks)} {what} agree; these do not:")
+            lines.append("")
+            for c in checks:
+                if not c.agrees:
+                    why = f" — {c.note}" if c.note else ""
+                    lines.append(f"- {c.claim}: the post says `{c.published}`, kvcost computes `{c.computed}`{why}")
+    if readings:
+        n_hold = sum(c.agrees for c in readings)
+        lines += ["", f"**The post's readings**: {n_hold} of {len(readings)} hold.", ""]
+        for c in readings:
+            mark = "holds" if c.agrees else "does not hold"
+            why = f" ({c.note})" if (c.note and not c.agrees) else ""
+            lines.append(f"- *{c.claim}* — {mark}: {c.computed}{why}.")
     return "\n".join(lines)
 
 
-def show_verdict(checks: Sequence[Check], what: str = "printed numbers", extra: str = "") -> None:
+def show_verdict(checks: Sequence[Check], what: str = "printed numbers", extra: str = "",
+                 readings: Sequence[Check] = ()) -> None:
     """Display the verdict as Markdown in a notebook (plain text elsewhere)."""
-    text = verdict_markdown(checks, what) + (("\n\n" + extra) if extra else "")
+    text = verdict_markdown(checks, what, readings) + (("\n\n" + extra) if extra else "")
     try:
         from IPython.display import Markdown, display
     except ImportError:  # pragma: no cover - outside Jupyter
@@ -80,8 +95,9 @@ def compare_table(printed: pd.DataFrame, computed: pd.DataFrame, keys: Sequence[
     with its format spec before comparison. A printed row with no computed row fails.
     """
     checks = []
-    index = {tuple(str(row[k]) for k in keys): row for _, row in computed.iterrows()}
-    for _, prow in printed.iterrows():
+    # to_dict keeps each column's own type (iterrows would upcast ints to float).
+    index = {tuple(str(row[k]) for k in keys): row for row in computed.to_dict("records")}
+    for prow in printed.to_dict("records"):
         key = tuple(str(prow[k]) for k in keys)
         crow = index.get(key)
         where = " ".join(f"{k}={v}" for k, v in zip(keys, key))
@@ -92,3 +108,11 @@ def compare_table(printed: pd.DataFrame, computed: pd.DataFrame, keys: Sequence[
             else:
                 checks.append(check_printed(claim, str(prow[col]), crow[col], fmt, note))
     return checks
+
+
+def formatted(df: pd.DataFrame, formats: dict[str, str]) -> pd.DataFrame:
+    """A display copy of ``df`` with the given columns formatted like the post prints them."""
+    out = df.copy()
+    for col, fmt in formats.items():
+        out[col] = [format(v, fmt) for v in df[col]]
+    return out
