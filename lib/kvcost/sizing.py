@@ -714,14 +714,14 @@ def plan(g: Geometry, context: int, dtype: str = "bf16", v_dtype: str | None = N
 
     ``requests`` is how many sequences of ``request_tokens`` (default: ``context``) fit in
     ``budget_gib``; ``max_context`` the longest single sequence that fits. ``naive_cache_bytes``
-    is the post's formula (every layer, full K and V) in the same K format.
+    is the post's formula (every layer, K and V of every KV head) in the same K and V formats.
     """
     context = _check_context(context)
     kf = formats.get(dtype)
     vf = formats.get(v_dtype) if v_dtype is not None else kf
     rt = context if request_tokens is None else _check_context(request_tokens, "request_tokens")
     layers, kvh, hd = g.naive
-    naive = math.ceil(2 * layers * kvh * hd * context * kf.bytes_per_value(hd))
+    naive = math.ceil(layers * kvh * hd * context * (kf.bytes_per_value(hd) + vf.bytes_per_value(hd)))
     sdt = state_dtype or g.state_dtype or "bf16"
     requests = mc = None
     unbounded = False
@@ -790,8 +790,8 @@ def post_listing(models: Sequence[str] = POST_MODELS) -> Any:
         layers, kvh, hd = naive_geometry(name)
         bpt = naive_bytes_per_token(layers, kvh, hd)
         rows.append({"model": model_record(name)["name"], "kv_heads": kvh, "kib_per_token": bpt / 1024,
-                     "x_vs_llama_3_1_8b": bpt / 131_072})
-    return pd.DataFrame(rows, columns=["model", "kv_heads", "kib_per_token", "x_vs_llama_3_1_8b"])
+                     "ratio": bpt / 131_072})
+    return pd.DataFrame(rows, columns=["model", "kv_heads", "kib_per_token", "ratio"])
 
 
 def corrected_table(models: Sequence[str], context: int = 131_072, dtype: str = "bf16",

@@ -1,0 +1,4 @@
+"""``python -m kvcost``: the command line (see :mod:`kvcost.cli`)."""
+from .cli import main
+
+raise SystemExit(main())

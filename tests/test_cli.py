@@ -1,0 +1,73 @@
+"""The command line: table, JSON, errors, and speed (stdlib-only imports)."""
+import json
+import subprocess
+import sys
+import time
+
+from kvcost import cli
+
+
+def test_json_plan_llama_q8_0(capsys) -> None:
+    assert cli.main(["size", "Llama-3.1-8B", "--context", "131072", "--dtype", "q8_0",
+                     "--budget-gib", "24", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # 32 layers x (K + V) x 32 blocks x 34 bytes per token = 69632 bytes/token
+    assert out["bytes_per_token"] == 69632
+    assert out["cache_bytes"] == 69632 * 131072
+    assert out["requests"] == 24 * 2**30 // (69632 * 131072)          # 2
+    assert out["max_context"] == 24 * 2**30 // 69632                   # 370085
+    assert out["warnings"] == []
+
+
+def test_split_k_v_formats(capsys) -> None:
+    assert cli.main(["size", "Nemotron-3-Nano-30B-A3B", "--context", "131072", "--dtype", "q8_0",
+                     "--v-dtype", "q4_0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # 6 layers x 128K x (8 blocks x 34 + 8 blocks x 18) = 312 MiB
+    assert out["cache_bytes"] == 6 * 131072 * (8 * 34 + 8 * 18) == 312 * 2**20
+    assert out["state_dtype"] == "fp32"
+    assert out["state_bytes"] == 23 * (64 * 64 * 128 + (64 * 64 + 2 * 8 * 128) * 3) * 4
+
+
+def test_table_output_and_context_warning(capsys) -> None:
+    assert cli.main(["size", "Qwen3-8B", "--context", "131072", "--budget-gib", "24"]) == 0
+    cap = capsys.readouterr()
+    assert "cache at 131,072 tokens" in cap.out and "18.000 GiB" in cap.out
+    assert "max_position_embeddings 40960" in cap.err
+
+
+def test_config_path(tmp_path, capsys) -> None:
+    cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert cli.main(["size", str(tmp_path / "config.json"), "--context", "10", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cache_bytes"] == 2 * 2 * 4 * 64 * 2 * 10
+
+
+def test_errors_exit_2(capsys) -> None:
+    assert cli.main(["size", "No-Such-Model"]) == 2
+    assert "known models" in capsys.readouterr().err
+    assert cli.main(["size", "Qwen3-8B", "--dtype", "q9"]) == 2
+    assert cli.main(["size", "Qwen3-8B", "--context", "-5"]) == 2
+    assert "'context'" in capsys.readouterr().err
+
+
+def test_models_and_formats_lists(capsys) -> None:
+    assert cli.main(["models"]) == 0
+    assert "gpt-oss-20b" in capsys.readouterr().out
+    assert cli.main(["formats", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {"format": "q4_0", "bits_per_value": 4.5}.items() <= next(r for r in rows if r["format"] == "q4_0").items()
+
+
+def test_module_entry_point_is_fast_and_light() -> None:
+    code = ("import sys, runpy; sys.argv = ['kvcost', 'size', 'gpt-oss-20b', '--json'];\n"
+            "try:\n    runpy.run_module('kvcost', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('numpy', 'pandas', 'matplotlib') if m in sys.modules))")
+    start = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    elapsed = time.perf_counter() - start
+    assert res.stdout.strip().endswith("[]")            # no heavy imports on the CLI path
+    assert elapsed < 2.0                                 # ~0.2 s in practice
+    full = subprocess.run([sys.executable, "-m", "kvcost", "size", "gpt-oss-20b", "--json"],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(full.stdout)["cache_bytes"] == 3224371200
