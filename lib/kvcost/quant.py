@@ -529,3 +529,177 @@ def fp8_roundtrip(x: np.ndarray, fmt: str = "e4m3", scaling: str = "tensor", *,
             raise ValueError(f"parameter 'scale' must be finite and > 0, got {scale!r}")
     q = floats.round_to(x / s, name, saturate=True)     # one rounding, from the quotient's precision
     return (np.asarray(q).astype(x.dtype) * s).astype(x.dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------------------
+# Experiments for notebook 02: the post's readings, maps of error, outlier sweep, schemes
+# ----------------------------------------------------------------------------------------
+
+def axis_readings(table: pd.DataFrame) -> list:
+    """The post's three readings of its axis table, checked against ``table`` (from
+    :func:`axis_table`): a list of :class:`kvcost.report.Check`."""
+    from .report import Check
+
+    def winners(cache: str, bits: list[int]) -> list[str]:
+        rows = table[(table["cache"] == cache) & (table["bits"].isin(bits))].sort_values("bits", ascending=False)
+        return [f"{cache} {b}-bit: {w}" for b, w in zip(rows["bits"], rows["winner"])]
+
+    def won(cache: str, bits: list[int], who: str) -> bool:
+        rows = table[(table["cache"] == cache) & (table["bits"].isin(bits))]
+        return len(rows) == len(set(bits)) and bool((rows["winner"] == who).all())
+
+    all_bits = sorted(set(int(b) for b in table["bits"]))
+    return [
+        Check("per-channel wins for K at 8 and 4 bits", "per-channel", "; ".join(winners("K", [8, 4])) or "(not computed)",
+              won("K", [8, 4], "per-channel")),
+        Check("per-token for V at every width", "per-token", "; ".join(winners("V", all_bits)),
+              won("V", all_bits, "per-token")),
+        Check("at 2 bits the K advantage flips", "per-token", "; ".join(winners("K", [2])) or "(not computed)",
+              won("K", [2], "per-token")),
+    ]
+
+
+def group_map(k: np.ndarray, v: np.ndarray, bits_list: list[int], group_sizes: list[int | None],
+              symmetric: bool = True) -> pd.DataFrame:
+    """Reconstruction error over bits x axis x group size for K and V.
+
+    Columns ``cache, bits, axis, group, rel_l2``; ``group`` 0 means one scale over the whole
+    axis (the post's setting). A group size that does not divide the axis is skipped."""
+    rows = []
+    for name, x in (("K", k), ("V", v)):
+        for axis in AXES:
+            span = x.shape[-1] if axis == "token" else x.shape[-2]
+            for g in group_sizes:
+                if g is not None and span % g:
+                    continue
+                for b in bits_list:
+                    y = intk_roundtrip(x, b, axis, symmetric=symmetric, group_size=g)
+                    rows.append({"cache": name, "bits": int(b), "axis": axis, "group": int(g or 0),
+                                 "rel_l2": rel_l2(y, x)})
+    return pd.DataFrame(rows, columns=["cache", "bits", "axis", "group", "rel_l2"])
+
+
+def outlier_sweep(rng: np.random.Generator, n_tokens: int, head_dim: int, strengths: list[float],
+                  bits_list: list[int], stride: int = 16) -> pd.DataFrame:
+    """Per-token vs per-channel error of K as its outlier channels grow.
+
+    One Gaussian draw ``(n_tokens, head_dim)``; every ``stride``-th channel is scaled by each
+    strength in turn (the post uses 4.0). Columns ``strength, bits, per_token, per_channel,
+    winner, zeroed_token, zeroed_channel`` — ``zeroed_*`` is the fraction of values that round
+    to 0 (what drives the 2-bit result: with qmax = 1 everything below half the scale vanishes,
+    and a per-channel scale is the max of n_tokens values, a per-token one of head_dim)."""
+    base = rng.normal(0, 1, (n_tokens, head_dim))
+    rows = []
+    for s in strengths:
+        k = base.copy()
+        k[:, ::stride] *= s
+        for b in bits_list:
+            yt, yc = intk_roundtrip(k, b, "token"), intk_roundtrip(k, b, "channel")
+            pt, pc = rel_l2(yt, k), rel_l2(yc, k)
+            rows.append({"strength": float(s), "bits": int(b), "per_token": pt, "per_channel": pc,
+                         "winner": "per-token" if pt < pc else "per-channel",
+                         "zeroed_token": float(np.mean(yt == 0)), "zeroed_channel": float(np.mean(yc == 0))})
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A storage scheme for a cache: round trips for K and V (shapes ``(..., tokens, head_dim)``),
+    its family, and its ``kvcost.formats`` name (for the true bits per value; None if it has none)."""
+
+    name: str
+    family: str
+    fmt: str | None
+    k: Callable[[np.ndarray], np.ndarray]
+    v: Callable[[np.ndarray], np.ndarray]
+
+
+def _ggml_rt(kind: str) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda x: ggml_roundtrip(x, kind).astype(np.float64)
+
+
+def _rot(rt: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda x: rotated_roundtrip(x, rt)
+
+
+def standard_schemes(bits_list: list[int] = (8, 4, 2), group: int = 32, residual: int = 128) -> list[Scheme]:
+    """The schemes notebook 02 compares: the post's symmetric int-k (K per channel, V per token),
+    KIVI-style asymmetric groups (with and without the residual window), fp8 at three scale
+    granularities, llama.cpp's block formats with and without the Hadamard rotation, and bf16."""
+    from . import floats
+
+    out: list[Scheme] = [Scheme("bf16", "float", "bf16", lambda x: floats.round_to(x, "bf16"),
+                                lambda x: floats.round_to(x, "bf16"))]
+    for b in bits_list:
+        out.append(Scheme(f"int{b} post (K/ch, V/tok)", "int-k symmetric", None,
+                          lambda x, b=b: intk_roundtrip(x, b, "channel"), lambda x, b=b: intk_roundtrip(x, b, "token")))
+        out.append(Scheme(f"int{b} g{group} asym", "int-k groups", f"int{b}_g{group}",
+                          lambda x, b=b: intk_roundtrip(x, b, "channel", symmetric=False, group_size=group),
+                          lambda x, b=b: intk_roundtrip(x, b, "token", symmetric=False, group_size=group)))
+        out.append(Scheme(f"kivi{b} g{group} r{residual}", "KIVI", f"kivi{b}_g{group}_r{residual}",
+                          lambda x, b=b: kivi_roundtrip(x, x, b, group_size=group, residual=residual)[0],
+                          lambda x, b=b: kivi_roundtrip(x, x, b, group_size=group, residual=residual)[1]))
+    for f in ("e4m3", "e5m2"):
+        for sc, suffix in (("tensor", ""), ("head", "_head"), ("token", "_token")):
+            out.append(Scheme(f"fp8 {f} /{sc}", "fp8", f"fp8_{f}{suffix}",
+                              lambda x, f=f, sc=sc: fp8_roundtrip(x, f, sc), lambda x, f=f, sc=sc: fp8_roundtrip(x, f, sc)))
+    for kind in GGML_KINDS:
+        out.append(Scheme(kind, "llama.cpp", kind, _ggml_rt(kind), _ggml_rt(kind)))
+        out.append(Scheme(f"{kind} +Hadamard", "llama.cpp +Hadamard", kind,
+                          _rot(_ggml_rt(kind)), _rot(_ggml_rt(kind))))
+    return out
+
+
+def scheme_bits(scheme: Scheme, head_dim: int) -> float:
+    """True bits per value of a scheme (kvcost.formats, metadata amortized); NaN without a format.
+    The symmetric int-k of the post stores one scale per token (V) or per channel (K): k bits
+    plus a 32-bit scale over head_dim (V) or n_tokens (K) values, taken here as k + 32/head_dim."""
+    if scheme.fmt is None:
+        b = int(scheme.name[3:].split()[0])
+        return b + 32 / head_dim
+    from . import formats
+
+    return formats.bits_per_value(scheme.fmt, head_dim)
+
+
+def scheme_cache_errors(k: np.ndarray, v: np.ndarray, schemes: list[Scheme]) -> pd.DataFrame:
+    """Reconstruction error of K and V under each scheme. Columns ``scheme, family, format,
+    bits_per_value, k_rel_l2, v_rel_l2``."""
+    rows = []
+    for s in schemes:
+        rows.append({"scheme": s.name, "family": s.family, "format": s.fmt or "",
+                     "bits_per_value": scheme_bits(s, k.shape[-1]),
+                     "k_rel_l2": rel_l2(s.k(k), k), "v_rel_l2": rel_l2(s.v(v), v)})
+    return pd.DataFrame(rows)
+
+
+def scheme_attention_errors(seed: int, n_tokens: int, head_dim: int, trials: int, margin: float,
+                            schemes: list[Scheme]) -> pd.DataFrame:
+    """Attention-level error of each scheme on the post's needle trials (the post's stream: the
+    axis cache is drawn first, then the trials; every scheme sees the same trials).
+
+    Columns ``scheme, family, bits_per_value, flips, trials, max_w_err, out_rel_l2`` (means over
+    trials of the largest softmax-weight error and of the output's relative L2 error)."""
+    from . import needle, synthetic
+
+    rng, _, _ = synthetic.post_stream(seed, n_tokens, head_dim)
+    draws = [synthetic.post_needle_trial(rng, n_tokens, head_dim, margin) for _ in range(trials)]
+    rows = []
+    for s in schemes:
+        errs = [needle.trial_errors(t, s.k, s.v) for t in draws]
+        rows.append({"scheme": s.name, "family": s.family, "bits_per_value": scheme_bits(s, head_dim),
+                     "flips": sum(e.flipped for e in errs), "trials": trials,
+                     "max_w_err": float(np.mean([e.max_w_err for e in errs])),
+                     "out_rel_l2": float(np.mean([e.out_rel_l2 for e in errs]))})
+    return pd.DataFrame(rows)
+
+
+def pareto_front(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """The rows not dominated in (lower ``x``, lower ``y``), sorted by ``x``."""
+    d = df.dropna(subset=[x, y]).sort_values([x, y])
+    keep, best = [], np.inf
+    for i, row in d.iterrows():
+        if row[y] < best:
+            keep.append(i)
+            best = row[y]
+    return d.loc[keep]
