@@ -84,3 +84,11 @@ def test_compare_table_and_verdict():
     assert report.verdict_markdown(checks[:1]).count("Reproduced") == 1
     missing = report.compare_table(printed, computed.iloc[:1], ["k"], {"v": ".2e"})
     assert missing[1].computed == "(not computed)" and not missing[1].agrees
+
+
+def test_figure_dir_can_be_redirected(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVCOST_FIGURE_DIR", str(tmp_path / "elsewhere"))
+    fig = plt.figure()
+    (path,) = plotting.save(fig, "redirected")
+    plt.close(fig)
+    assert path == tmp_path / "elsewhere" / "redirected.png" and path.is_file()

@@ -1,6 +1,7 @@
 """One figure style for every notebook, and files that are byte-identical run to run."""
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from .output import repo_root
 __all__ = ["use_style", "save", "FIGURE_DIR", "PALETTE"]
 
 FIGURE_DIR = "figures"
+FIGURE_DIR_ENV = "KVCOST_FIGURE_DIR"
 
 # Colour-blind-safe (Okabe-Ito) palette, one colour per series in a fixed order.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -45,12 +47,16 @@ def save(fig: plt.Figure, name: str, formats: Sequence[str] = ("png",),
 
     PNG drops the Software tag, SVG and PDF drop the creation date, so the same machine
     writes the same bytes every run and ``make figures`` leaves ``git status`` clean.
+    The folder is ``folder`` if given, else ``$KVCOST_FIGURE_DIR`` if set (sweeps use it so
+    that runs with other parameters leave the committed figures alone), else ``figures/``.
     """
     allowed = ("png", "svg", "pdf")
     bad = [f for f in formats if f not in allowed]
     if bad:
         raise ValueError(f"parameter 'formats' must use {allowed}, got {bad}")
-    folder = Path(folder) if folder is not None else repo_root() / FIGURE_DIR
+    if folder is None:
+        folder = os.environ.get(FIGURE_DIR_ENV) or repo_root() / FIGURE_DIR
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for fmt in formats:
