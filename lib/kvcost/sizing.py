@@ -35,7 +35,7 @@ __all__ = [
     "cache_bytes", "kv_bytes_per_token", "marginal_bytes_per_token", "state_bytes", "shared_bytes", "layer_breakdown",
     "requests_in_budget", "max_context", "context_warnings", "plan",
     "naive_bytes_per_token", "naive_geometry", "post_table", "post_listing", "POST_MODELS",
-    "corrected_table", "cache_curve", "GIB", "MIB", "KIB",
+    "corrected_table", "cache_curve", "curves", "reading_checks", "GIB", "MIB", "KIB",
 ]
 
 KIB = 1024
@@ -822,3 +822,95 @@ def corrected_table(models: Sequence[str], context: int = 131_072, dtype: str = 
             "context_ok": not any("max_position_embeddings" in w for w in p.warnings),
         })
     return pd.DataFrame(rows)
+
+
+def curves(models: Sequence[str], contexts: Sequence[int], dtypes: Sequence[str] = ("bf16",),
+           budget_gib: float = 24.0) -> Any:
+    """Long table for plots: model, dtype, context, cache GiB (true and naive), requests in budget.
+
+    ``requests`` counts sequences of ``context`` tokens (each with its recurrent state) that
+    fit in ``budget_gib``; ``naive_requests`` the same by the post's formula.
+    """
+    import pandas as pd
+
+    rows = []
+    for name in models:
+        g = load_model(name)
+        layers, kvh, hd = g.naive
+        for dt in dtypes:
+            bpv = formats.bytes_per_value(dt, hd)
+            st = state_bytes(g) or 0
+            for ctx in contexts:
+                c = cache_bytes(g, ctx, dt)
+                naive = math.ceil(2 * layers * kvh * hd * bpv * ctx)
+                rows.append({"model": g.name, "dtype": dt, "context": ctx, "gib": c / GIB,
+                             "naive_gib": naive / GIB,
+                             "requests": int(budget_gib * GIB // (c + st)) if c + st else None,
+                             "naive_requests": int(budget_gib * GIB // naive) if naive else None})
+    return pd.DataFrame(rows)
+
+
+def reading_checks(context: int = 131_072) -> list[Any]:
+    """The post's readings of its sizing section, each checked against kvcost's computation.
+
+    Returns :class:`kvcost.report.Check` rows (claim = the post's words, computed = what
+    kvcost finds, agrees = whether the reading holds).
+    """
+    from .report import Check
+
+    checks = []
+    llama, qwen, mistral, oss, l2 = (load_model(n) for n in POST_MODELS)
+    # "One formula covers every model, and it is exact enough to plan capacity with."
+    off = []
+    for name in list_models():
+        g = load_model(name)
+        layers, kvh, hd = g.naive
+        naive = naive_bytes_per_token(layers, kvh, hd) * context
+        true = cache_bytes(g, context)
+        if abs(naive - true) > 0.01 * true:
+            off.append(f"{g.name} {naive / true:.2g}x")
+    checks.append(Check(
+        "One formula covers every model, and it is exact enough to plan capacity with", "exact",
+        f"at {context:,} tokens in bf16 it is off by more than 1% for {len(off)} of "
+        f"{len(list_models())} models ({', '.join(off)})",
+        not off, "sliding windows, MLA latents and SSM/linear layers are outside the formula"))
+    # The post's own table, corrected: gpt-oss-20b and Mistral-7B-v0.1 at 128k.
+    for g, printed in ((oss, "6.0"), (mistral, "16.0")):
+        true = cache_bytes(g, 131_072) / GIB                     # the post's claim is at 128k
+        naive = naive_bytes_per_token(*g.naive) * 131_072 / GIB
+        checks.append(Check(
+            f"{g.name} needs {printed} GiB of bf16 KV at 128k", printed,
+            f"{true:.3f} GiB: {g.count(SLIDING)} of {g.num_layers} layers keep only a "
+            f"{g.window}-token window ({naive / true:.1f}x less than the formula)",
+            abs(true - naive) < 0.05, "the formula counts windowed layers at full context"))
+    # "Llama-2-7B costs 4x the KV bytes of an 8B Llama-3 model because GQA is the 4x"
+    ratio = cache_bytes(l2, context) / cache_bytes(llama, context)
+    checks.append(Check("Llama-2-7B costs 4x the KV bytes of an 8B Llama-3 model; GQA is the 4x", "4x",
+                        f"{ratio:g}x ({l2.kv_heads} against {llama.kv_heads} KV heads, same layers "
+                        f"and head_dim)", ratio == 4.0 and l2.kv_heads == 4 * llama.kv_heads))
+    # "16 GiB of KV at 128k is more than three times the 4.68 GiB Q4_K_M weight file"
+    kv16 = cache_bytes(llama, 131_072) / GIB
+    checks.append(Check("16 GiB of KV at 128k is more than three times the 4.68 GiB Q4_K_M weights",
+                        "> 3x", f"{kv16:g} GiB / 4.68 GiB = {kv16 / 4.68:.2f}x", kv16 / 4.68 > 3))
+    # Qwen3-8B, -ctk q8_0 -ctv q8_0, 32K: "4.500 GiB", "47% saving", "2.1 GiB" less.
+    f16 = cache_bytes(qwen, 32_768, "fp16")
+    q8 = cache_bytes(qwen, 32_768, "q8_0")
+    saving = (f16 - q8) / GIB
+    checks.append(Check(
+        "Qwen3-8B's 32K cache is 4.500 GiB and q8_0 cuts it by 2.1 GiB (a 47% saving)", "2.1 GiB",
+        f"{f16 / GIB:.3f} GiB in f16, {q8 / GIB:.3f} GiB in q8_0 (34 bytes per 32 values): "
+        f"{saving:.3f} GiB less, a {1 - q8 / f16:.3%} saving",
+        format(f16 / GIB, ".3f") == "4.500" and format(saving, ".1f") == "2.1"
+        and format(1 - q8 / f16, ".0%") == "47%"))
+    # llama.cpp community, DGX Spark: 30B-A3B at 128K, KV buffer 768 -> 408 -> 216 MiB.
+    nano = load_model("Nemotron-3-Nano-30B-A3B")
+    mib = [cache_bytes(nano, 131_072, dt) / MIB for dt in ("fp16", "q8_0", "q4_0")]
+    q3 = cache_bytes(load_model("Qwen3-30B-A3B"), 131_072, "fp16") / MIB
+    checks.append(Check(
+        "A 30B-A3B model's KV buffer at 128K: 768 MiB in f16, 408 MiB in q8_0, 216 MiB in q4_0",
+        "768 / 408 / 216 MiB",
+        f"{' / '.join(f'{m:g}' for m in mib)} MiB for Nemotron-3-Nano-30B-A3B "
+        f"({nano.count(FULL)} attention layers x {nano.kv_heads} KV heads x {nano.head_dim}); "
+        f"Qwen3-30B-A3B would need {q3:,.0f} MiB in f16",
+        [format(m, ".0f") for m in mib] == ["768", "408", "216"]))
+    return checks
