@@ -1,0 +1,430 @@
+"""Real K and V from a small transformer, and the statistics that test the post's assumption.
+
+The post builds its axis test on an *assumed* structure: keys with persistent outlier
+channels (``K[:, ::16] *= 4``) and values with outlier tokens (``V[::64, :] *= 6``). This module
+loads keys and values captured from a real model (``data/real_kv/``, written by
+``scripts/extract_real_kv.py``; see the README there) and measures that structure:
+
+- channel statistics of a cache ``(..., tokens, channels)``: each channel's RMS over tokens
+  against the head's median channel, and whether the channel is large on the *typical* token
+  (persistent) or only on a few;
+- token statistics: each token's L2 norm over channels against the head's median token;
+- the post's axis table per layer and head, with the post's own quantizer
+  (:func:`kvcost.quant.intk_roundtrip`).
+
+Nothing here imports torch: the notebook reads only the committed ``.npz``.
+"""
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import quant
+from .output import repo_root
+from .report import Check
+
+__all__ = [
+    "DEFAULT_PATH", "RealKV", "load_real_kv", "save_real_kv", "without_special",
+    "channel_rms", "channel_ratio", "channel_typical_ratio", "channel_outlier_table",
+    "channel_heatmap", "token_norm_ratio", "token_outlier_table", "token_outlier_share",
+    "top_outlier_tokens", "axis_by_head", "axis_summary", "grouped_axis_table", "POST_WINNERS",
+    "verdict_checks",
+]
+
+DEFAULT_PATH = Path("data") / "real_kv" / "minilm_l6_kv.npz"
+
+# The arrays a real-K/V file holds, besides the JSON metadata string ``meta``.
+_ARRAYS = ("k", "v", "token_ids", "tokens", "window", "special")
+
+# The winners the post prints in Block 2's axis table (checked against kvcost.post in the tests).
+POST_WINNERS: dict[tuple[str, int], str] = {
+    ("K", 8): "per-channel", ("K", 4): "per-channel", ("K", 2): "per-token",
+    ("V", 8): "per-token", ("V", 4): "per-token", ("V", 2): "per-token",
+}
+
+
+@dataclass(frozen=True)
+class RealKV:
+    """Keys and values of every layer and head over one token stream.
+
+    ``k`` and ``v`` are float64 ``(layers, heads, tokens, head_dim)`` (stored as float16, so
+    every value is exact); ``token_ids``, ``tokens`` (word pieces), ``window`` (which
+    forward pass a token came from) and ``special`` ([CLS]/[SEP]) are ``(tokens,)``.
+    """
+
+    k: np.ndarray
+    v: np.ndarray
+    token_ids: np.ndarray
+    tokens: np.ndarray
+    window: np.ndarray
+    special: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(layers, heads, tokens, head_dim)``."""
+        return tuple(self.k.shape)  # type: ignore[return-value]
+
+
+def _check_cache(name: str, x: Any) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.ndim < 2 or arr.ndim > 4 or arr.shape[-1] < 1 or arr.shape[-2] < 1:
+        raise ValueError(f"parameter {name!r} must be an array shaped (tokens, channels), "
+                         f"(heads, tokens, channels) or (layers, heads, tokens, channels), got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
+        raise ValueError(f"parameter {name!r} must hold real numbers, got dtype {arr.dtype}")
+    arr = arr.astype(np.float64)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"parameter {name!r} must be finite")
+    return arr
+
+
+def _as4d(name: str, x: Any) -> np.ndarray:
+    """``x`` as float64 ``(layers, heads, tokens, channels)``: missing leading axes become 1."""
+    arr = _check_cache(name, x)
+    while arr.ndim < 4:
+        arr = arr[np.newaxis]
+    return arr
+
+
+def _check_threshold(threshold: float) -> float:
+    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not threshold > 1.0 \
+            or not np.isfinite(threshold):
+        raise ValueError(f"parameter 'threshold' must be a finite number > 1, got {threshold!r}")
+    return float(threshold)
+
+
+# ---------------------------------------------------------------------------- file format
+
+def save_real_kv(path: str | Path, k: np.ndarray, v: np.ndarray, token_ids: np.ndarray,
+                 tokens: Sequence[str], window: np.ndarray, special: np.ndarray,
+                 meta: dict[str, Any]) -> Path:
+    """Write a real-K/V ``.npz``: K and V as float16, byte-identical for identical input.
+
+    ``k`` and ``v`` are ``(layers, heads, tokens, head_dim)``; the per-token arrays are
+    ``(tokens,)``; ``meta`` must be JSON-serialisable. ``numpy.savez_compressed`` stamps each
+    member with the current time, so the zip is written here with a fixed date instead.
+    """
+    k = np.asarray(k)
+    v = np.asarray(v)
+    if k.ndim != 4 or k.shape != v.shape:
+        raise ValueError(f"parameters 'k' and 'v' must both be (layers, heads, tokens, head_dim), "
+                         f"got {k.shape} and {v.shape}")
+    n_tok = k.shape[2]
+    arrays = {
+        "k": k.astype(np.float16), "v": v.astype(np.float16),
+        "token_ids": np.asarray(token_ids, dtype=np.int32),
+        "tokens": np.asarray(list(tokens), dtype=np.str_),
+        "window": np.asarray(window, dtype=np.int16),
+        "special": np.asarray(special, dtype=bool),
+        "meta": np.asarray(json.dumps(meta, sort_keys=True)),
+    }
+    for name in ("token_ids", "tokens", "window", "special"):
+        if arrays[name].shape != (n_tok,):
+            raise ValueError(f"parameter {name!r} must have shape ({n_tok},), got {arrays[name].shape}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+        for name, arr in arrays.items():
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, arr, allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, buf.getvalue(), compresslevel=9)
+    return path
+
+
+def load_real_kv(path: str | Path | None = None) -> RealKV:
+    """Load the committed real K/V (``data/real_kv/minilm_l6_kv.npz`` by default).
+
+    A relative ``path`` is taken relative to the repository root. K and V come back as
+    float64 ``(layers, heads, tokens, head_dim)``; ``meta`` is the provenance dictionary the
+    extraction script recorded (model, text, versions, windowing).
+    """
+    if path is not None and not isinstance(path, (str, Path)):
+        raise ValueError(f"parameter 'path' must be a path string or None, got {path!r}")
+    p = Path(path) if path else DEFAULT_PATH
+    if not p.is_absolute():
+        p = repo_root() / p
+    if not p.is_file():
+        raise ValueError(f"parameter 'path': no real-K/V file at {p.name!r} "
+                         "(regenerate it with `make real-kv`)")
+    with np.load(p, allow_pickle=False) as z:
+        missing = [n for n in (*_ARRAYS, "meta") if n not in z.files]
+        if missing:
+            raise ValueError(f"parameter 'path': {p.name!r} lacks arrays {missing}")
+        data = {n: z[n] for n in (*_ARRAYS, "meta")}
+    return RealKV(k=data["k"].astype(np.float64), v=data["v"].astype(np.float64),
+                  token_ids=data["token_ids"], tokens=data["tokens"], window=data["window"],
+                  special=data["special"], meta=json.loads(str(data["meta"])))
+
+
+def without_special(kv: RealKV) -> RealKV:
+    """The same cache with the [CLS]/[SEP] tokens removed (text tokens only)."""
+    keep = ~np.asarray(kv.special, dtype=bool)
+    return RealKV(k=kv.k[:, :, keep], v=kv.v[:, :, keep], token_ids=kv.token_ids[keep],
+                  tokens=kv.tokens[keep], window=kv.window[keep], special=kv.special[keep],
+                  meta=dict(kv.meta))
+
+
+# ---------------------------------------------------------------------------- channels
+
+def channel_rms(x: np.ndarray) -> np.ndarray:
+    """Each channel's RMS over tokens: ``(..., tokens, channels)`` -> ``(..., channels)``."""
+    arr = _check_cache("x", x)
+    return np.sqrt(np.mean(arr * arr, axis=-2))
+
+
+def channel_ratio(x: np.ndarray) -> np.ndarray:
+    """Each channel's RMS over tokens divided by the median channel RMS of its head.
+
+    The post's synthetic K gives 4 on its outlier channels and 1 elsewhere (in expectation).
+    """
+    rms = channel_rms(x)
+    med = np.median(rms, axis=-1, keepdims=True)
+    return rms / np.where(med == 0, 1.0, med)
+
+
+def channel_typical_ratio(x: np.ndarray) -> np.ndarray:
+    """Each channel's *median* |x| over tokens divided by the head's median of those medians.
+
+    A persistent outlier channel is large on the typical token, so this ratio stays high;
+    a channel made large by a few tokens has a high RMS ratio but a typical ratio near 1.
+    """
+    arr = _check_cache("x", x)
+    typ = np.median(np.abs(arr), axis=-2)
+    med = np.median(typ, axis=-1, keepdims=True)
+    return typ / np.where(med == 0, 1.0, med)
+
+
+def channel_outlier_table(x: np.ndarray, threshold: float) -> pd.DataFrame:
+    """Outlier channels per layer and head of a cache ``(..., tokens, channels)``.
+
+    Columns: ``layer, head``; ``outlier_channels`` (RMS ratio >= ``threshold``);
+    ``persistent_channels`` (RMS ratio *and* typical ratio >= ``threshold``); ``max_ratio`` and
+    ``top_channel`` (the channel of largest RMS ratio); ``top_typical_ratio`` (that channel's
+    typical ratio); ``top1_share`` (fraction of tokens whose largest-|x| channel is
+    ``top_channel``: 1 for a channel that dominates every token).
+    """
+    threshold = _check_threshold(threshold)
+    arr = _as4d("x", x)
+    ratio = channel_ratio(arr)
+    typical = channel_typical_ratio(arr)
+    argmax_tok = np.argmax(np.abs(arr), axis=-1)           # (L, H, T): each token's largest channel
+    rows = []
+    for layer in range(arr.shape[0]):
+        for head in range(arr.shape[1]):
+            r, t = ratio[layer, head], typical[layer, head]
+            top = int(np.argmax(r))
+            rows.append({
+                "layer": layer, "head": head,
+                "outlier_channels": int(np.sum(r >= threshold)),
+                "persistent_channels": int(np.sum((r >= threshold) & (t >= threshold))),
+                "max_ratio": float(r[top]), "top_channel": top,
+                "top_typical_ratio": float(t[top]),
+                "top1_share": float(np.mean(argmax_tok[layer, head] == top)),
+            })
+    return pd.DataFrame(rows)
+
+
+def channel_heatmap(x: np.ndarray) -> np.ndarray:
+    """Channel RMS ratios as an image: ``(layers * heads, channels)``, row ``layer * heads + head``."""
+    ratio = channel_ratio(_as4d("x", x))
+    return ratio.reshape(-1, ratio.shape[-1])
+
+
+# ---------------------------------------------------------------------------- tokens
+
+def token_norm_ratio(x: np.ndarray) -> np.ndarray:
+    """Each token's L2 norm over channels divided by the head's median token norm.
+
+    ``(..., tokens, channels)`` -> ``(..., tokens)``; the post's synthetic V gives 6 on its
+    outlier tokens.
+    """
+    arr = _check_cache("x", x)
+    norm = np.sqrt(np.sum(arr * arr, axis=-1))
+    med = np.median(norm, axis=-1, keepdims=True)
+    return norm / np.where(med == 0, 1.0, med)
+
+
+def token_outlier_table(x: np.ndarray, threshold: float,
+                        special: np.ndarray | None = None) -> pd.DataFrame:
+    """Outlier tokens per layer and head: tokens whose norm ratio is >= ``threshold``.
+
+    Columns: ``layer, head, outlier_tokens, outlier_fraction, max_ratio, top_token`` (position
+    of the largest ratio) and, when the ``special`` mask ``(tokens,)`` is given,
+    ``outlier_special`` (how many of the outlier tokens are special tokens).
+    """
+    threshold = _check_threshold(threshold)
+    arr = _as4d("x", x)
+    ratio = token_norm_ratio(arr)
+    if special is not None:
+        special = np.asarray(special, dtype=bool)
+        if special.shape != (arr.shape[2],):
+            raise ValueError(f"parameter 'special' must have shape ({arr.shape[2]},), got {special.shape}")
+    rows = []
+    for layer in range(arr.shape[0]):
+        for head in range(arr.shape[1]):
+            r = ratio[layer, head]
+            out = r >= threshold
+            row = {"layer": layer, "head": head, "outlier_tokens": int(out.sum()),
+                   "outlier_fraction": float(out.mean()), "max_ratio": float(r.max()),
+                   "top_token": int(np.argmax(r))}
+            if special is not None:
+                row["outlier_special"] = int(np.sum(out & special))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def token_outlier_share(x: np.ndarray, threshold: float) -> np.ndarray:
+    """For each token, the fraction of (layer, head) pairs in which it is an outlier token."""
+    threshold = _check_threshold(threshold)
+    ratio = token_norm_ratio(_as4d("x", x))
+    return np.mean(ratio >= threshold, axis=(0, 1))
+
+
+def top_outlier_tokens(kv: RealKV, cache: str, threshold: float, n: int = 10) -> pd.DataFrame:
+    """The ``n`` tokens that are outliers in the most heads of ``cache`` ("K" or "V").
+
+    Columns: ``position, token, window, special, share`` (fraction of layer-head pairs where
+    the token's norm ratio is >= ``threshold``) and ``median_ratio`` (its median norm ratio
+    over layers and heads). Ties keep position order.
+    """
+    if cache not in ("K", "V"):
+        raise ValueError(f"parameter 'cache' must be 'K' or 'V', got {cache!r}")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"parameter 'n' must be an integer >= 1, got {n!r}")
+    x = kv.k if cache == "K" else kv.v
+    share = token_outlier_share(x, threshold)
+    med = np.median(token_norm_ratio(_as4d("x", x)), axis=(0, 1))
+    order = np.argsort(-share, kind="stable")[:n]
+    return pd.DataFrame({"position": order.astype(int), "token": [str(kv.tokens[i]) for i in order],
+                         "window": kv.window[order].astype(int), "special": kv.special[order].astype(bool),
+                         "share": share[order], "median_ratio": med[order]})
+
+
+# ---------------------------------------------------------------------------- axis choice
+
+def axis_by_head(k: np.ndarray, v: np.ndarray, bits_list: Sequence[int]) -> pd.DataFrame:
+    """The post's axis test per layer and head, with the post's quantizer.
+
+    For each cache, width and head: relative L2 error of the symmetric absmax int-k round trip
+    with one scale per token (over the head's channels) and one per channel (over all the
+    tokens given). Columns ``cache, bits, layer, head, per_token, per_channel, winner`` with
+    the post's tie rule (``per-token`` only when strictly smaller).
+    """
+    bits_list = list(bits_list)
+    if not bits_list:
+        raise ValueError("parameter 'bits' must be a non-empty list of integers between 2 and 16")
+    rows = []
+    for name, cache in (("K", _as4d("k", k)), ("V", _as4d("v", v))):
+        ref = np.sqrt(np.sum(cache * cache, axis=(-2, -1)))
+        ref = np.where(ref == 0, 1.0, ref)
+        for b in bits_list:
+            err = {}
+            for axis in ("token", "channel"):
+                d = quant.intk_roundtrip(cache, b, axis) - cache
+                err[axis] = np.sqrt(np.sum(d * d, axis=(-2, -1))) / ref
+            for layer in range(cache.shape[0]):
+                for head in range(cache.shape[1]):
+                    pt, pc = float(err["token"][layer, head]), float(err["channel"][layer, head])
+                    rows.append({"cache": name, "bits": int(b), "layer": layer, "head": head,
+                                 "per_token": pt, "per_channel": pc,
+                                 "winner": "per-token" if pt < pc else "per-channel"})
+    return pd.DataFrame(rows, columns=["cache", "bits", "layer", "head", "per_token", "per_channel", "winner"])
+
+
+def axis_summary(k: np.ndarray, v: np.ndarray, by_head: pd.DataFrame) -> pd.DataFrame:
+    """The post's axis table on a whole cache, beside how its heads vote.
+
+    ``per_token``/``per_channel``/``winner`` are :func:`kvcost.quant.axis_table` on all layers
+    and heads together (one relative L2 over the cache); ``per_channel_heads`` is the
+    fraction of heads where per-channel wins; ``post_winner`` is what the post's table says.
+    """
+    bits_list = sorted({int(b) for b in by_head["bits"]}, reverse=True)
+    table = quant.axis_table(_as4d("k", k), _as4d("v", v), bits_list)
+    votes = (by_head.assign(pc=by_head["winner"] == "per-channel")
+             .groupby(["cache", "bits"])["pc"].mean())
+    table["per_channel_heads"] = [float(votes.loc[(c, b)]) for c, b in zip(table["cache"], table["bits"])]
+    table["post_winner"] = [POST_WINNERS.get((c, int(b)), "") for c, b in zip(table["cache"], table["bits"])]
+    return table
+
+
+def grouped_axis_table(k: np.ndarray, v: np.ndarray, bits_list: Sequence[int],
+                       token_group: int) -> pd.DataFrame:
+    """Per-token against per-channel scales over groups of ``token_group`` tokens (KIVI's K layout).
+
+    With ``tokens / token_group == head_dim`` both sides store the same number of scales, so
+    this compares the axes at equal overhead (the post's per-channel scale spans every token).
+    ``token_group`` must divide the token count. Columns ``cache, bits, per_token,
+    per_channel_grouped, winner`` (relative L2 over the whole cache; ties go to per-channel).
+    """
+    if not isinstance(token_group, int) or isinstance(token_group, bool) or token_group < 1:
+        raise ValueError(f"parameter 'token_group' must be an integer >= 1, got {token_group!r}")
+    rows = []
+    for name, cache in (("K", _as4d("k", k)), ("V", _as4d("v", v))):
+        if cache.shape[-2] % token_group:
+            raise ValueError(f"parameter 'token_group' must divide the token count {cache.shape[-2]}, "
+                             f"got {token_group}")
+        for b in bits_list:
+            pt = quant.rel_l2(quant.intk_roundtrip(cache, b, "token"), cache)
+            pc = quant.rel_l2(quant.intk_roundtrip(cache, b, "channel", group_size=token_group), cache)
+            rows.append({"cache": name, "bits": int(b), "per_token": pt, "per_channel_grouped": pc,
+                         "winner": "per-token" if pt < pc else "per-channel"})
+    return pd.DataFrame(rows, columns=["cache", "bits", "per_token", "per_channel_grouped", "winner"])
+
+
+# ---------------------------------------------------------------------------- verdict
+
+def verdict_checks(k_channels: pd.DataFrame, v_tokens: pd.DataFrame, summary: pd.DataFrame,
+                   majority: float = 0.5) -> list[Check]:
+    """The post's assumptions and axis conclusions, tested on the real tables.
+
+    - K has persistent outlier channels: holds when more than ``majority`` of K's heads have
+      at least one persistent outlier channel (:func:`channel_outlier_table`).
+    - V has outlier tokens: holds when more than ``majority`` of V's heads have at least one
+      outlier token (:func:`token_outlier_table`).
+    - one row per row of ``summary`` (:func:`axis_summary`) that the post has a winner for:
+      holds when the whole-cache winner is the post's.
+    """
+    if not isinstance(majority, (int, float)) or isinstance(majority, bool) or not 0.0 <= majority < 1.0:
+        raise ValueError(f"parameter 'majority' must be a number in [0, 1), got {majority!r}")
+    checks = []
+    k_frac = float(np.mean(k_channels["persistent_channels"] > 0))
+    n_k = len(k_channels)
+    checks.append(Check(
+        "K has persistent outlier channels", "yes (every 16th channel x4, on every token)",
+        f"{int(round(k_frac * n_k))} of {n_k} K heads have one "
+        f"(median largest channel ratio {np.median(k_channels['max_ratio']):.2f})",
+        k_frac > majority, f"needs more than {majority:.0%} of heads"))
+    v_frac = float(np.mean(v_tokens["outlier_tokens"] > 0))
+    n_v = len(v_tokens)
+    special_note = ""
+    if "outlier_special" in v_tokens:
+        total = int(v_tokens["outlier_tokens"].sum())
+        spec = int(v_tokens["outlier_special"].sum())
+        special_note = f"; {spec} of {total} outlier (head, token) pairs are [CLS]/[SEP]"
+    checks.append(Check(
+        "V has outlier tokens", "yes (every 64th token x6, on every channel)",
+        f"{int(round(v_frac * n_v))} of {n_v} V heads have one "
+        f"(median largest token ratio {np.median(v_tokens['max_ratio']):.2f}){special_note}",
+        v_frac > majority, f"needs more than {majority:.0%} of heads"))
+    for row in summary.to_dict("records"):
+        want = row.get("post_winner", "")
+        if not want:
+            continue
+        checks.append(Check(
+            f"{row['cache']} at {row['bits']} bits: {want} wins", want,
+            f"{row['winner']} ({row['per_token']:.3e} per-token vs {row['per_channel']:.3e} "
+            f"per-channel; per-channel wins in {row['per_channel_heads']:.0%} of heads)",
+            row["winner"] == want, "whole-cache relative L2"))
+    return checks
