@@ -1,0 +1,113 @@
+"""Speed benchmarks: ``python -m kvcost.bench --out results/bench.csv`` (``make bench``).
+
+Each benchmark is a function returning :class:`BenchResult` rows; :data:`BENCHMARKS` lists
+them, and other modules can append their own (``bench.register``). The table printed and
+saved has: case, seconds, ratio or throughput, the bar it must reach, passes.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["BenchResult", "BENCHMARKS", "register", "run", "main"]
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """One timed case: ``value`` (a speed-up ratio or a throughput) against ``bar``."""
+
+    case: str
+    seconds: float
+    value: float
+    unit: str
+    bar: float
+    passes: bool
+    note: str = ""
+
+
+BENCHMARKS: list[Callable[[], list[BenchResult]]] = []
+
+
+def register(fn: Callable[[], list[BenchResult]]) -> Callable[[], list[BenchResult]]:
+    """Add a benchmark function (returns a list of BenchResult) to the suite."""
+    BENCHMARKS.append(fn)
+    return fn
+
+
+def _best_of(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+@register
+def bench_post_block3_bf16() -> list[BenchResult]:
+    """The post's Block 3 loop (bf16, n = 131,072) vs accum.running_sum and post_flat_sum."""
+    from . import accum
+    n = 131_072
+    t_loop, r_loop = _best_of(lambda: accum.post_flat_sum_literal(n, "bf16"), 1)
+    x = np.full(n, 1.0 / n)
+    accum.running_sum(x[:8], "bf16")                   # warm-up (import, compile)
+    accum.post_flat_sum(8, "bf16")
+    t_fast, r_fast = _best_of(lambda: float(accum.running_sum(x, "bf16")), 5)
+    t_post, r_post = _best_of(lambda: accum.post_flat_sum(n, "bf16"), 5)
+    rows = []
+    for case, t, r in (("bf16 flat 131072: running_sum vs post loop", t_fast, r_fast),
+                       ("bf16 flat 131072: post_flat_sum vs post loop", t_post, r_post)):
+        same = r == r_loop
+        ratio = t_loop / t
+        rows.append(BenchResult(case, t, ratio, "x faster", 100.0, bool(same and ratio >= 100),
+                                f"post loop {t_loop:.3f} s; result {r!r} vs {r_loop!r} "
+                                f"({'identical' if same else 'DIFFERENT'})"))
+    return rows
+
+
+@register
+def bench_e8m13_flat() -> list[BenchResult]:
+    """Flat e8m13 accumulation (no numpy dtype: the compiled loop), 2^20 x 64 terms."""
+    from . import accum
+    n, k = 1 << 20, 64
+    rng = np.random.default_rng(0)
+    x = rng.random((n, k), dtype=np.float32) * np.float32(2.0 / n)
+    accum.running_sum(x[:64], "e8m13")                  # warm-up (compile / cache load)
+    t, out = _best_of(lambda: accum.running_sum(x, "e8m13"), 3)
+    rate = n * k / t / 1e6
+    ok = bool(np.all(np.isfinite(out)))
+    return [BenchResult("e8m13 flat 2^20 x 64", t, rate, "M additions/s", 20.0, ok and rate >= 20.0,
+                        "each addition exact then rounded once; columns in parallel")]
+
+
+def run(benchmarks: list[Callable[[], list[BenchResult]]] | None = None) -> pd.DataFrame:
+    """Run the benchmarks (default: all registered) and return the table."""
+    rows = []
+    for fn in benchmarks or BENCHMARKS:
+        rows.extend(fn())
+    return pd.DataFrame([asdict(r) for r in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: run, print the table, save it as CSV; exit status 1 if a bar is missed."""
+    ap = argparse.ArgumentParser(prog="python -m kvcost.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/bench.csv", help="CSV path for the table")
+    args = ap.parse_args(argv)
+    df = run()
+    with pd.option_context("display.width", 200, "display.max_colwidth", 90):
+        print(df.to_string(index=False, formatters={"seconds": "{:.4f}".format, "value": "{:,.1f}".format}))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out, index=False, lineterminator="\n")
+    print(f"saved {out}")
+    return 0 if bool(df["passes"].all()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
