@@ -76,6 +76,29 @@ def test_posts_synthetic_v_has_its_64_outlier_tokens():
     assert 5.5 < table.loc[0, "max_ratio"] < 7.0
 
 
+def test_structure_table_sets_caches_side_by_side():
+    _, k, v = synthetic.post_stream(7, 4096, 128)
+    table = realkv.structure_table({"post K": k, "post V": v}, 3.0)
+    assert table["cache"].tolist() == ["post K", "post V"]
+    assert table["heads"].tolist() == [1, 1]
+    assert table["heads_persistent_channels"].tolist() == [1, 0]
+    assert table["heads_outlier_tokens"].tolist() == [0, 1]
+    assert table.loc[1, "max_token_ratio"] == table.loc[1, "median_head_token_ratio"]
+    with pytest.raises(ValueError, match="caches"):
+        realkv.structure_table({}, 3.0)
+
+
+def test_top_outlier_tokens_order():
+    x = np.ones((1, 2, 4, 2))
+    x[0, 0, 3] *= 5.0                          # token 3: outlier in one head of two
+    x[0, :, 1] *= 2.0                          # token 1: larger than the rest in both heads
+    kv = realkv.RealKV(x, x, np.arange(4), np.array(list("abcd")), np.zeros(4, int),
+                       np.zeros(4, bool))
+    top = realkv.top_outlier_tokens(kv, "K", 3.0, n=3)
+    assert top["position"].tolist() == [3, 1, 0]
+    assert top["share"].tolist() == [0.5, 0.0, 0.0]
+
+
 def test_axis_by_head_reproduces_the_posts_axis_table():
     _, k, v = synthetic.post_stream(7, 4096, 128)
     by_head = realkv.axis_by_head(k, v, [8, 4, 2])
@@ -97,7 +120,8 @@ def test_axis_summary_and_verdict_on_the_posts_cache_all_hold():
     assert summary["per_channel_heads"].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     checks = realkv.verdict_checks(realkv.channel_outlier_table(k, 3.0),
                                    realkv.token_outlier_table(v, 3.0), summary)
-    assert len(checks) == 8 and all(c.agrees for c in checks)
+    assert len(checks) == 9 and all(c.agrees for c in checks)
+    assert checks[-1].claim == "K flips from per-channel to per-token at 2 bits"
 
 
 def test_verdict_fails_without_outliers():
@@ -108,6 +132,7 @@ def test_verdict_fails_without_outliers():
     checks = realkv.verdict_checks(realkv.channel_outlier_table(g, 3.0),
                                    realkv.token_outlier_table(g, 3.0), summary)
     assert [c.agrees for c in checks[:2]] == [False, False]
+    assert len(checks) == 4                    # no flip row without a 2-bit row
     assert checks[0].computed.startswith("0 of 2 K heads")
 
 

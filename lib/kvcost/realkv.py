@@ -35,7 +35,7 @@ __all__ = [
     "DEFAULT_PATH", "RealKV", "load_real_kv", "save_real_kv", "without_special",
     "channel_rms", "channel_ratio", "channel_typical_ratio", "channel_outlier_table",
     "channel_heatmap", "token_norm_ratio", "token_outlier_table", "token_outlier_share",
-    "top_outlier_tokens", "axis_by_head", "axis_summary", "grouped_axis_table", "POST_WINNERS",
+    "top_outlier_tokens", "structure_table", "axis_by_head", "axis_summary", "grouped_axis_table", "POST_WINNERS",
     "verdict_checks",
 ]
 
@@ -297,7 +297,7 @@ def top_outlier_tokens(kv: RealKV, cache: str, threshold: float, n: int = 10) ->
 
     Columns: ``position, token, window, special, share`` (fraction of layer-head pairs where
     the token's norm ratio is >= ``threshold``) and ``median_ratio`` (its median norm ratio
-    over layers and heads). Ties keep position order.
+    over layers and heads). Sorted by share, then median ratio (both descending), then position.
     """
     if cache not in ("K", "V"):
         raise ValueError(f"parameter 'cache' must be 'K' or 'V', got {cache!r}")
@@ -306,10 +306,39 @@ def top_outlier_tokens(kv: RealKV, cache: str, threshold: float, n: int = 10) ->
     x = kv.k if cache == "K" else kv.v
     share = token_outlier_share(x, threshold)
     med = np.median(token_norm_ratio(_as4d("x", x)), axis=(0, 1))
-    order = np.argsort(-share, kind="stable")[:n]
+    order = np.lexsort((np.arange(share.size), -med, -share))[:n]
     return pd.DataFrame({"position": order.astype(int), "token": [str(kv.tokens[i]) for i in order],
                          "window": kv.window[order].astype(int), "special": kv.special[order].astype(bool),
                          "share": share[order], "median_ratio": med[order]})
+
+
+def structure_table(caches: dict[str, np.ndarray], threshold: float) -> pd.DataFrame:
+    """The outlier structure of several caches side by side, one row per named cache.
+
+    Columns: ``cache, heads``; ``heads_outlier_channels`` / ``heads_persistent_channels`` (heads
+    with at least one such channel), ``max_channel_ratio`` and ``median_head_channel_ratio``
+    (the largest channel RMS ratio: over all heads, and the median over heads of each head's
+    largest); ``heads_outlier_tokens``, ``max_token_ratio``, ``median_head_token_ratio``
+    likewise for token norms. Use it to set a real cache beside the post's synthetic one.
+    """
+    threshold = _check_threshold(threshold)
+    if not isinstance(caches, dict) or not caches:
+        raise ValueError("parameter 'caches' must be a non-empty dict of name -> array")
+    rows = []
+    for name, x in caches.items():
+        ch = channel_outlier_table(x, threshold)
+        tk = token_outlier_table(x, threshold)
+        rows.append({
+            "cache": name, "heads": len(ch),
+            "heads_outlier_channels": int(np.sum(ch["outlier_channels"] > 0)),
+            "heads_persistent_channels": int(np.sum(ch["persistent_channels"] > 0)),
+            "max_channel_ratio": float(ch["max_ratio"].max()),
+            "median_head_channel_ratio": float(ch["max_ratio"].median()),
+            "heads_outlier_tokens": int(np.sum(tk["outlier_tokens"] > 0)),
+            "max_token_ratio": float(tk["max_ratio"].max()),
+            "median_head_token_ratio": float(tk["max_ratio"].median()),
+        })
+    return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------------------- axis choice
@@ -409,8 +438,8 @@ def verdict_checks(k_channels: pd.DataFrame, v_tokens: pd.DataFrame, summary: pd
     v_frac = float(np.mean(v_tokens["outlier_tokens"] > 0))
     n_v = len(v_tokens)
     special_note = ""
-    if "outlier_special" in v_tokens:
-        total = int(v_tokens["outlier_tokens"].sum())
+    total = int(v_tokens["outlier_tokens"].sum())
+    if "outlier_special" in v_tokens and total:
         spec = int(v_tokens["outlier_special"].sum())
         special_note = f"; {spec} of {total} outlier (head, token) pairs are [CLS]/[SEP]"
     checks.append(Check(
@@ -427,4 +456,14 @@ def verdict_checks(k_channels: pd.DataFrame, v_tokens: pd.DataFrame, summary: pd
             f"{row['winner']} ({row['per_token']:.3e} per-token vs {row['per_channel']:.3e} "
             f"per-channel; per-channel wins in {row['per_channel_heads']:.0%} of heads)",
             row["winner"] == want, "whole-cache relative L2"))
+    # The flip is a claim about the sequence: per-channel above 2 bits, per-token at 2.
+    k_rows = {int(r["bits"]): r["winner"] for r in summary.to_dict("records") if r["cache"] == "K"}
+    if 2 in k_rows and any(b > 2 for b in k_rows):
+        above = [b for b in sorted(k_rows, reverse=True) if b > 2]
+        flips = all(k_rows[b] == "per-channel" for b in above) and k_rows[2] == "per-token"
+        checks.append(Check(
+            "K flips from per-channel to per-token at 2 bits",
+            "per-channel at 8 and 4 bits, per-token at 2",
+            "K winners: " + ", ".join(f"{b} bits {k_rows[b]}" for b in sorted(k_rows, reverse=True)),
+            flips, "no flip without a per-channel win above 2 bits"))
     return checks
