@@ -6,7 +6,6 @@ injected parameters, validation) with a ValueError naming the parameter.
 """
 import json
 import re
-from pathlib import Path
 
 import papermill as pm
 import pytest

@@ -888,29 +888,8 @@ def reading_checks(context: int = 131_072) -> list[Any]:
     checks.append(Check("Llama-2-7B costs 4x the KV bytes of an 8B Llama-3 model; GQA is the 4x", "4x",
                         f"{ratio:g}x ({l2.kv_heads} against {llama.kv_heads} KV heads, same layers "
                         f"and head_dim)", ratio == 4.0 and l2.kv_heads == 4 * llama.kv_heads))
-    # "16 GiB of KV at 128k is more than three times the 4.68 GiB Q4_K_M weight file"
-    kv16 = cache_bytes(llama, 131_072) / GIB
-    checks.append(Check("16 GiB of KV at 128k is more than three times the 4.68 GiB Q4_K_M weights",
-                        "> 3x", f"{kv16:g} GiB / 4.68 GiB = {kv16 / 4.68:.2f}x", kv16 / 4.68 > 3))
-    # Qwen3-8B, -ctk q8_0 -ctv q8_0, 32K: "4.500 GiB", "47% saving", "2.1 GiB" less.
-    f16 = cache_bytes(qwen, 32_768, "fp16")
-    q8 = cache_bytes(qwen, 32_768, "q8_0")
-    saving = (f16 - q8) / GIB
-    checks.append(Check(
-        "Qwen3-8B's 32K cache is 4.500 GiB and q8_0 cuts it by 2.1 GiB (a 47% saving)", "2.1 GiB",
-        f"{f16 / GIB:.3f} GiB in f16, {q8 / GIB:.3f} GiB in q8_0 (34 bytes per 32 values): "
-        f"{saving:.3f} GiB less, a {1 - q8 / f16:.3%} saving",
-        format(f16 / GIB, ".3f") == "4.500" and format(saving, ".1f") == "2.1"
-        and format(1 - q8 / f16, ".0%") == "47%"))
-    # llama.cpp community, DGX Spark: 30B-A3B at 128K, KV buffer 768 -> 408 -> 216 MiB.
-    nano = load_model("Nemotron-3-Nano-30B-A3B")
-    mib = [cache_bytes(nano, 131_072, dt) / MIB for dt in ("fp16", "q8_0", "q4_0")]
-    q3 = cache_bytes(load_model("Qwen3-30B-A3B"), 131_072, "fp16") / MIB
-    checks.append(Check(
-        "A 30B-A3B model's KV buffer at 128K: 768 MiB in f16, 408 MiB in q8_0, 216 MiB in q4_0",
-        "768 / 408 / 216 MiB",
-        f"{' / '.join(f'{m:g}' for m in mib)} MiB for Nemotron-3-Nano-30B-A3B "
-        f"({nano.count(FULL)} attention layers x {nano.kv_heads} KV heads x {nano.head_dim}); "
-        f"Qwen3-30B-A3B would need {q3:,.0f} MiB in f16",
-        [format(m, ".0f") for m in mib] == ["768", "408", "216"]))
+    # The published measurements the arithmetic must match (shared with notebook 05).
+    from .vendors import dgx_spark_buffer_checks, qwen3_q8_0_checks, weights_ratio_check
+
+    checks += [weights_ratio_check(), *qwen3_q8_0_checks(), *dgx_spark_buffer_checks()]
     return checks

@@ -14,7 +14,8 @@ from . import formats, sizing
 from .output import repo_root
 from .report import Check, checks_frame
 
-__all__ = ["load_measurements", "checks", "checks_table", "GIB", "MIB", "GB"]
+__all__ = ["load_measurements", "checks", "checks_table", "qwen3_q8_0_checks", "dgx_spark_buffer_checks",
+           "weights_ratio_check", "GIB", "MIB", "GB"]
 
 GIB, MIB, GB = 2**30, 2**20, 10**9
 LLAMA_7B_PARAMS = 6.74e9   # LLaMA-7B parameter count (Touvron et al. 2023, arXiv:2302.13971, Table 2: 6.7B)
@@ -35,48 +36,62 @@ def _saving_gib(model: str, context: int, base: str, quantized: str) -> float:
     return (sizing.cache_bytes(g, context, base) - sizing.cache_bytes(g, context, quantized)) / GIB
 
 
+def qwen3_q8_0_checks() -> list[Check]:
+    """llama.cpp on one A100: Qwen3-8B's 32K cache, -ctk q8_0 -ctv q8_0 against f16."""
+    qwen = sizing.load_model("Qwen3-8B")
+    f16_32k = sizing.cache_bytes(qwen, 32768, "fp16") / GIB
+    saving = _saving_gib("Qwen3-8B", 32768, "fp16", "q8_0")
+    exact_pct = float(1 - formats.bytes_per_value("q8_0") / formats.bytes_per_value("fp16"))
+    return [
+        Check("Qwen3-8B 32K cache in f16 (the post: 144 KiB/token, so 4.500 GiB)", "4.500",
+              f"{f16_32k:.3f}", f"{f16_32k:.3f}" == "4.500"),
+        Check("q8_0 cuts Qwen3-8B's 32K cache by 2.1 GiB (A100 test)", "2.1",
+              f"{saving:.1f}", f"{saving:.1f}" == "2.1",
+              f"exactly {saving:.6f} GiB: q8_0 keeps 34 of every 64 f16 bytes"),
+        Check("'a 47% saving on that is 2.115 GiB'", "2.115", f"{saving:.3f}",
+              f"{saving:.3f}" == "2.115",
+              f"q8_0's saving is exactly {exact_pct:.3%}, not 47%; 47% of 4.5 GiB is 2.115"),
+    ]
+
+
+def dgx_spark_buffer_checks() -> list[Check]:
+    """llama.cpp community, DGX Spark: KV buffer 768 -> 408 -> 216 MiB at 128K for a 30B-A3B."""
+    nano = sizing.load_model("Nemotron-3-Nano-30B-A3B")
+    qwen_moe = sizing.cache_bytes(sizing.load_model("Qwen3-30B-A3B"), 131072, "fp16") / MIB
+    out = []
+    for fmt, published in (("fp16", "768"), ("q8_0", "408"), ("q4_0", "216")):
+        mib = sizing.cache_bytes(nano, 131072, fmt) / MIB
+        how = (f"Qwen3-30B-A3B, the other 30B-A3B, would need {qwen_moe:,.0f} MiB" if fmt == "fp16" else
+               f"{fmt} stores {formats.get(fmt).block_bytes} bytes per {formats.get(fmt).block} values")
+        out.append(Check(f"KV buffer at 128K in {fmt} (Nemotron-3-Nano-30B-A3B: {nano.count('full')} attention "
+                         f"layers x {nano.kv_heads} KV heads x {nano.head_dim})", published, f"{mib:g}",
+                         f"{mib:g}" == published, how))
+    return out
+
+
+def weights_ratio_check(weights_gib: float = 4.68) -> Check:
+    """"16 GiB of KV at 128k is more than three times the 4.68 GiB Q4_K_M weight file"."""
+    llama = sizing.load_model("Llama-3.1-8B")
+    kv128 = sizing.cache_bytes(llama, 131072, "bf16") / GIB
+    ratio = kv128 / weights_gib
+    return Check(f"16 GiB of KV at 128k is more than 3x the {weights_gib:g} GiB weight file", "> 3x",
+                 f"{kv128:g} GiB / {weights_gib:g} GiB = {ratio:.2f}x", ratio > 3)
+
+
 def checks(weights_gib: float = 4.68) -> list[Check]:
     """Every number of the vendor table (and the prose around it) that arithmetic can check.
 
     ``weights_gib`` is the Q4_K_M weight file the post compares the 128k cache with.
     """
-    out: list[Check] = []
-    # llama.cpp on one A100: Qwen3-8B, 32K cache, -ctk q8_0 -ctv q8_0 against f16.
-    qwen = sizing.load_model("Qwen3-8B")
-    f16_32k = sizing.cache_bytes(qwen, 32768, "fp16") / GIB
-    saving = _saving_gib("Qwen3-8B", 32768, "fp16", "q8_0")
-    out.append(Check("Qwen3-8B 32K cache in f16 (the post: 144 KiB/token, so 4.500 GiB)", "4.500",
-                     f"{f16_32k:.3f}", f"{f16_32k:.3f}" == "4.500"))
-    out.append(Check("q8_0 cuts Qwen3-8B's 32K cache by 2.1 GiB (A100 test)", "2.1",
-                     f"{saving:.1f}", f"{saving:.1f}" == "2.1",
-                     f"exactly {saving:.6f} GiB: q8_0 keeps 34 of every 64 f16 bytes"))
-    exact_pct = float(1 - formats.bytes_per_value("q8_0") / formats.bytes_per_value("fp16"))
-    out.append(Check("'a 47% saving on that is 2.115 GiB'", "2.115", f"{saving:.3f}",
-                     f"{saving:.3f}" == "2.115",
-                     f"q8_0's saving is exactly {exact_pct:.3%}, not 47%; 47% of 4.5 GiB is 2.115"))
-    # llama.cpp community, DGX Spark: KV buffer 768 -> 408 -> 216 MiB at 128K.
-    nano = sizing.load_model("Nemotron-3-Nano-30B-A3B")
-    for fmt, published in (("fp16", "768"), ("q8_0", "408"), ("q4_0", "216")):
-        mib = sizing.cache_bytes(nano, 131072, fmt) / MIB
-        out.append(Check(f"KV buffer at 128K in {fmt} (Nemotron-3-Nano-30B-A3B: {nano.count('full')} attention "
-                         f"layers x {nano.kv_heads} KV heads x {nano.head_dim})", published, f"{mib:g}",
-                         f"{mib:g}" == published,
-                         "" if fmt == "fp16" else f"{fmt} stores {formats.get(fmt).block_bytes} bytes per "
-                                                   f"{formats.get(fmt).block} values"))
+    out = qwen3_q8_0_checks() + dgx_spark_buffer_checks() + [weights_ratio_check(weights_gib)]
     # vLLM: 91% -> 13% -> 89% on 128k NIAH; "worth 76 points of needle accuracy".
     out.append(Check("two-level accumulation was worth 76 points (13% -> 89%)", "76", f"{89 - 13}", 89 - 13 == 76))
     # A100 test: decode at 64K depth falls to 55% of f16: "cost 45% of decode throughput".
     out.append(Check("q8_0 cost 45% of decode throughput at 64K (falls to 55%)", "45", f"{100 - 55}",
                      100 - 55 == 45))
-    # "16 GiB of KV at 128k is more than three times the 4.68 GiB Q4_K_M weight file".
-    llama = sizing.load_model("Llama-3.1-8B")
-    kv128 = sizing.cache_bytes(llama, 131072, "bf16") / GIB
-    ratio = kv128 / weights_gib
-    out.append(Check("16 GiB of KV at 128k is more than 3x the 4.68 GiB weight file", "> 3x",
-                     f"{kv128:g} GiB / {weights_gib:g} GiB = {ratio:.2f}x", ratio > 3))
     # TurboQuant study: "FP8: 2x capacity" (per-tensor scales; per-token scales cost a little).
     cap = formats.bytes_per_value("bf16") / formats.bytes_per_value("fp8_e4m3")
-    cap_tok = float(formats.bytes_per_value("bf16") / formats.bytes_per_value("fp8_e4m3_token", llama.head_dim))
+    cap_tok = float(formats.bytes_per_value("bf16") / formats.bytes_per_value("fp8_e4m3_token", 128))
     out.append(Check("FP8: 2x capacity", "2x", f"{float(cap):g}x", cap == 2,
                      f"{cap_tok:.3f}x with an fp32 scale per token and head"))
     # KVQuant: "3-bit ... 1M-token LLaMA-7B on one A100-80GB" (LLaMA-7B shares Llama-2-7B's geometry).
