@@ -17,6 +17,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from .attention import rel_l2  # the post's metric, shared with the needle experiment
+
 __all__ = [
     "AXES", "intk_roundtrip", "rel_l2", "axis_table",
 ]
@@ -144,11 +146,6 @@ def _intk_core(x: np.ndarray, bits: int, red: int, symmetric: bool) -> np.ndarra
     safe = np.where(scale == 0, 1.0, scale).astype(x.dtype, copy=False)
     q = np.clip(np.round((x - mn) / safe), 0, levels)
     return q * scale + mn
-
-
-def rel_l2(approx: np.ndarray, exact: np.ndarray) -> float:
-    """Relative L2 error ``||approx - exact|| / ||exact||`` (the post's metric, np.linalg.norm)."""
-    return float(np.linalg.norm(approx - exact) / np.linalg.norm(exact))
 
 
 def axis_table(k: np.ndarray, v: np.ndarray, bits_list: list[int] | tuple[int, ...]) -> pd.DataFrame:
