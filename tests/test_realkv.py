@@ -216,3 +216,18 @@ def test_library_does_not_import_torch():
     code = "import sys, kvcost.realkv; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("params,name", [({"outlier_threshold": 1.0}, "outlier_threshold"),
+                                         ({"bits": [1]}, "bits"),
+                                         ({"data_path": "data/real_kv/missing.npz"}, "path")])
+def test_notebook_07_refuses_bad_parameters_in_its_validation_cell(params, name, tmp_path):
+    pm = pytest.importorskip("papermill")
+    nb_dir = repo_root() / "notebooks"
+    with pytest.raises(pm.PapermillExecutionError) as info:
+        pm.execute_notebook(str(nb_dir / "07_real_kv.ipynb"), str(tmp_path / "out.ipynb"),
+                            parameters={**params, "out_dir": str(tmp_path / "results")},
+                            cwd=str(nb_dir), kernel_name="python3", progress_bar=False)
+    assert info.value.ename == "ValueError"
+    assert f"'{name}" in info.value.evalue
+    assert info.value.exec_count == 3
