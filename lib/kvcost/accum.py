@@ -621,7 +621,9 @@ def strategy_table(n_tokens: list[int], block: int = 128, fmt: str = "bf16") -> 
     Columns: n; post_bf16_flat (the post's double rounding); bf16_flat (one rounding per
     add); post_two_level (the post's column: a float32 running sum); two_level (true
     two-level: ``block`` terms in ``fmt``, partials into float32); hopper (the FP8
-    tensor-core model, no promotion); hopper_promoted (promotion every 128 terms); fp32_flat.
+    tensor-core model, no promotion); hopper_promoted (promotion every 128 terms);
+    post_fp16_flat (the post: 1/n rounded to fp16 first) and fp16_flat (exact 1/n added,
+    one rounding); fp32_flat.
     """
     import pandas as pd
     block = _check_block(block)
@@ -636,6 +638,8 @@ def strategy_table(n_tokens: list[int], block: int = 128, fmt: str = "bf16") -> 
                      "two_level": float(running_sum(x, fmt, block=block)),
                      "hopper": float(hopper_sum(x)),
                      "hopper_promoted": float(hopper_sum(x, promote=128)),
+                     "post_fp16_flat": post_flat_sum(n, "fp16"),
+                     "fp16_flat": float(running_sum(x, "fp16")),
                      "fp32_flat": float(running_sum(x, "fp32"))})
     return pd.DataFrame(rows)
 
@@ -684,10 +688,16 @@ def errata_table(n_tokens: list[int] | None = None, block: int = 128) -> "pd.Dat
                      "measured": f"2^-{true_exp} = {ulp:.6g}",
                      "verdict": "correct" if true_exp == mant else
                      f"wrong: {kind} stores {true_exp} fraction bits, so its ULP at 1.0 is 2^-{true_exp}"})
-    rows.append({"claim": "The floor is 2^-mantissa: an increment is lost once it falls below one ULP",
-                 "post": "stall when 1/n < ULP(1)", "measured": "stall when 1/n < ULP(1/2) / 2 ... i.e. n > 2^(p+1)",
-                 "verdict": "wrong by 2x: an increment of half an ULP is a tie (kept or lost by parity); "
-                            "the sum first stalls at 1/2, where the ULP is half that at 1.0"})
+    fb = parse_format("fp16")
+    n1, n2 = 2 ** (fb.man_bits + 1), 2 ** (fb.man_bits + 2)
+    v1, v2 = equal_terms_sum(n1, fb), equal_terms_sum(n2, fb)
+    rows.append({"claim": "The floor is 2^-mantissa: an increment is lost once it falls below one ULP of the sum",
+                 "post": "n > 2^mantissa stalls",
+                 "measured": f"fp16: n={n1}: {v1:g}, n={n2}: {v2:g} (the sum stalls at 1/2, where 1/{n2} is half "
+                             f"an ULP: a tie, rounded to the even 1/2)",
+                 "verdict": "correct" if v2 == 1.0 or v1 != 1.0 else
+                            "wrong by 2x: the stall starts at n > 2^(p+1), p = stored fraction bits; the sum stops "
+                            "at 1/2, where the ULP is half the ULP at 1.0"})
     # "two-level returns 1.000000 at every context length tested"
     post_tl = [post_flat_sum(n, "bf16", two_level=True) for n in n_tokens]
     true_tl = [float(running_sum(np.full(n, 1.0 / n), "bf16", block=block)) for n in n_tokens]
@@ -711,3 +721,31 @@ def errata_table(n_tokens: list[int] | None = None, block: int = 128) -> "pd.Dat
                                                 f"bf16 flat and two-level at {sum(between)} of {len(between)} n",
                  "verdict": "consistent with the model" if all(between) else "not at every n in the model"})
     return pd.DataFrame(rows, columns=["claim", "post", "measured", "verdict"])
+
+
+def reproduction_checks(table: "pd.DataFrame") -> list:
+    """Checks of ``table`` (from :func:`flat_sum_table`) against the post's printed Block 3
+    output, to the digits printed, for every n the post printed; and of the ULP lines."""
+    from . import post, report
+    printed = post.flat_sum_table()
+    checks = []
+    ours = {int(r.n): r for r in table.itertuples(index=False)}
+    for r in printed.itertuples(index=False):
+        n = int(r.n)
+        if n not in ours:
+            continue
+        for col in ("fp32_flat", "fp16_flat", "bf16_flat", "bf16_two_level"):
+            checks.append(report.check_printed(f"n={n:,} {col}", getattr(r, col), getattr(ours[n], col), ".6f"))
+    for r in post.ulp_lines().itertuples(index=False):
+        mant = POST_ULP_MANTISSA[r.fmt]
+        checks.append(report.check_printed(f"{r.fmt} ULP line: 2^-{r.mantissa}", r.ulp, 2.0 ** -mant, ".6f"))
+        checks.append(report.check_printed(f"{r.fmt} ULP line: tokens", r.tokens, int(2 ** mant), ","))
+    return checks
+
+
+def errata_checks(errata: "pd.DataFrame") -> list:
+    """The errata rows as report.Check items (agrees when the measured verdict upholds the claim)."""
+    from . import report
+    return [report.Check(r.claim, r.post, r.measured,
+                         r.verdict.startswith(("correct", "holds", "consistent")), r.verdict)
+            for r in errata.itertuples(index=False)]
