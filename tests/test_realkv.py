@@ -197,16 +197,20 @@ def test_save_and_load_reject_bad_input(tmp_path):
 
 
 def test_committed_real_kv():
+    # the repository tracks no file over 4 MiB
+    assert (repo_root() / "data" / "real_kv" / "minilm_l6_kv.npz").stat().st_size <= 4 * 2**20
     kv = realkv.load_real_kv()
-    assert kv.shape == (6, 12, 1024, 32)
+    assert kv.shape == (6, 12, 448, 32)
     assert kv.v.shape == kv.k.shape
-    # two windows of [CLS] + 510 word pieces + [SEP]
-    assert np.flatnonzero(kv.special).tolist() == [0, 511, 512, 1023]
+    # two windows of [CLS] + 222 word pieces + [SEP]
+    assert np.flatnonzero(kv.special).tolist() == [0, 223, 224, 447]
     assert kv.tokens[:4].tolist() == ["[CLS]", "pride", "and", "prejudice"]
-    assert kv.window.tolist() == [0] * 512 + [1] * 512
+    assert kv.window.tolist() == [0] * 224 + [1] * 224
+    assert kv.tokens[222:226].tolist() == ["##field", "[SEP]", "[CLS]", "is"]
     np.testing.assert_array_equal(kv.k.astype(np.float16).astype(np.float64), kv.k)
     assert kv.meta["model"] == "sentence-transformers/all-MiniLM-L6-v2"
-    assert kv.meta["window_tokens"] == 512 and kv.meta["windows"] == 2
+    assert kv.meta["window_tokens"] == 224 and kv.meta["windows"] == 2
+    assert kv.meta["text_word_pieces_used"] == 444 and kv.meta["text_word_pieces_total"] == 4379
     assert kv.meta["text_sha256"] == hashlib.sha256(
         (repo_root() / "data" / "real_kv" / "pride_and_prejudice_ch1-3.txt").read_bytes()).hexdigest()
     assert isinstance(realkv.channel_outlier_table(kv.k, 3.0), pd.DataFrame)
