@@ -58,8 +58,9 @@ _CHUNK = 1 << 16          # rows per np.add.accumulate call (bounds the temporar
 @njit(inline="always")
 def _round_nb(hi: float, lo: float, m: int, emin: int, fmax: float, ovf: float) -> float:
     """Round the exact value hi + lo to nearest-even in a format (m fraction bits, emin,
-    largest finite fmax, overflow value ovf = inf or NaN). Same algorithm as
-    floats.round_pair for mode 'nearest'."""
+    largest finite fmax, overflow value ovf = inf or NaN). Same rule as floats.round_pair
+    for mode 'nearest', on the float64 bits: drop the low `shift` significand bits, rounding
+    up past half, and at exactly half by the sign of lo (then by parity)."""
     if hi != hi:
         return hi
     a = abs(hi)
@@ -68,17 +69,42 @@ def _round_nb(hi: float, lo: float, m: int, emin: int, fmax: float, ovf: float) 
     elif a == 0.0:
         return hi
     else:
-        _, e2 = math.frexp(a)
-        qexp = max(e2 - 1, emin) - m
-        y = math.ldexp(a, -qexp)                       # exact, < 2^(m+1) <= 2^51
-        r = (y + 4503599627370496.0) - 4503599627370496.0   # rint, ties to even
-        d = y - r
-        if (d == 0.5 or d == -0.5) and lo != 0.0:      # hi is a midpoint: lo decides
-            if (lo > 0.0) == (hi > 0.0):
-                r = math.floor(y) + 1.0
+        b = np.float64(a).view(np.int64)
+        e = (b >> 52) - 1023
+        if e < -1022:                       # float64 subnormal input: exponent via frexp
+            _, e2 = math.frexp(a)
+            qexp = max(e2 - 1, emin) - m
+            y = math.ldexp(a, -qexp)
+            r = (y + 4503599627370496.0) - 4503599627370496.0
+            d = y - r
+            if (d == 0.5 or d == -0.5) and lo != 0.0:
+                r = math.floor(y) + 1.0 if (lo > 0.0) == (hi > 0.0) else math.floor(y)
+            r = math.ldexp(r, qexp)
+        else:
+            shift = 52 - m + max(emin - e, 0)
+            if shift > 53:                  # below half the smallest subnormal
+                r = 0.0
+            elif shift == 53:               # between half and one smallest subnormal
+                q = math.ldexp(1.0, emin - m)
+                if a > 0.5 * q or (a == 0.5 * q and lo != 0.0 and (lo > 0.0) == (hi > 0.0)):
+                    r = q
+                else:
+                    r = 0.0
             else:
-                r = math.floor(y)
-        r = math.ldexp(r, qexp)
+                one = np.int64(1)
+                mask = (one << shift) - one
+                rem = b & mask
+                half = one << (shift - 1)
+                base = b - rem
+                up = rem > half
+                if rem == half:
+                    if lo != 0.0:
+                        up = (lo > 0.0) == (hi > 0.0)
+                    else:
+                        up = ((b >> shift) & one) == one
+                if up:
+                    base += one << shift
+                r = np.int64(base).view(np.float64)
         if r > fmax:
             r = ovf
     return r if hi > 0.0 else -r
