@@ -60,3 +60,11 @@ def test_bad_parameter_stops_in_the_first_code_cell(stem, params, name, tmp_path
     assert err.ename == "ValueError"
     assert f"'{name}" in err.evalue
     assert err.exec_count == 3
+
+
+def test_readme_indexes_every_notebook_with_an_existing_figure():
+    readme = (repo_root() / "README.md").read_text()
+    for path in NOTEBOOKS:
+        assert f"notebooks/{path.name}" in readme, f"README does not index {path.name}"
+    for figure in re.findall(r'src="(figures/[^"]+)"', readme):
+        assert (repo_root() / figure).is_file(), f"README shows a missing figure {figure}"
