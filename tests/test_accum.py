@@ -273,3 +273,72 @@ def test_error_bounds_hold_on_flat_sum():
         assert err <= float(accum.error_bound("recursive", n, "e8m13"))
     assert accum.error_bound("recursive", 10 ** 6, "bf16") == math.inf
     assert float(accum.error_bound("probabilistic", 4, "bf16")) == 2 * 2.0 ** -8
+
+
+# ------------------------------------------------------------ notebook helpers
+def test_flat_sum_table_and_reproduction_checks():
+    t = accum.flat_sum_table([64, 256, 1024, 4096, 16384, 65536, 131072])
+    assert list(t.columns) == ["n", "fp32_flat", "fp16_flat", "bf16_flat", "bf16_two_level"]
+    checks = accum.reproduction_checks(t)
+    assert len(checks) == 7 * 4 + 3 * 2 and all(c.agrees for c in checks)
+    text = accum.post_table_text(t)
+    assert "   131072    1.000000    0.015625    0.001953      1.000000" in text
+    assert accum.post_ulp_lines()[2].startswith("  bf16: 1 ULP at a sum of 1.0 = 2^-8 = 0.003906")
+    # a wrong value is caught
+    bad = t.copy()
+    bad.loc[2, "bf16_flat"] = 0.5
+    assert sum(not c.agrees for c in accum.reproduction_checks(bad)) == 1
+
+
+def test_errata_verdicts():
+    e = accum.errata_table([64, 1024, 131072])
+    v = dict(zip(e["claim"].str.slice(0, 4) + e["post"], e["verdict"]))
+    assert v["fp328,388,608"].startswith("wrong") and "16,777,216" in v["fp328,388,608"]
+    assert v["fp161,024"].startswith("wrong") and "2,048" in v["fp161,024"]
+    assert v["bf16256"] == "correct"
+    assert v["bf162^-8"].startswith("wrong") and "2^-7" in v["bf162^-8"]
+    checks = accum.errata_checks(e)
+    assert [c.agrees for c in checks].count(False) == 4
+
+
+def test_strategy_and_stall_tables():
+    s = accum.strategy_table([1024, 1000], block=128).set_index("n")
+    assert s.loc[1024, "post_two_level"] == 1.0 and s.loc[1024, "bf16_flat"] == 0.25
+    assert s.loc[1000, "post_two_level"] == accum.post_flat_sum_literal(1000, "fp32")
+    st_ = accum.stall_table(("fp16", "bf16")).set_index("format")
+    assert st_.loc["fp16", "limit_n"] == 2048 and st_.loc["bf16", "sum_at_2x_limit"] == 0.5
+
+
+def test_weight_profiles():
+    for kind in accum.PROFILES:
+        w = accum.weight_profile(kind, 1000, seed=3)
+        if kind == "pv":
+            assert w.shape == (1000, 16)
+        else:
+            assert w.shape == (1000,) and abs(math.fsum(w) - 1.0) < 1e-12 and (w >= 0).all()
+    assert accum.weight_profile("needle_end", 100)[-1] == 0.5
+    with pytest.raises(ValueError, match="kind"):
+        accum.weight_profile("spiky", 10)
+    with pytest.raises(ValueError, match="needle_mass"):
+        accum.weight_profile("needle_end", 10, needle_mass=1.5)
+
+
+def test_error_sweep_and_flush_sweep():
+    df = accum.error_sweep([256, 4096], ["bf16"], ["flat", "two_level", "hopper", "hopper_promoted"], d=2)
+    flat = df[(df.strategy == "flat") & (df.profile == "flat")].set_index("n")["rel_error"]
+    assert flat[256] == 0.0 and flat[4096] == 1 - 2.0 ** -4            # 1 - 0.0625
+    assert (df[df.strategy == "flat"].rel_error <= df[df.strategy == "flat"].bound_recursive).all()
+    fl = accum.flush_sweep([1, 64], 131072, d=2).set_index(["interval", "profile"])["rel_error"]
+    assert fl[("1", "flat")] == 0.0 and fl[("never", "flat")] > 0.5
+    assert fl[("1", "needle_middle")] < fl[("64", "needle_middle")] < fl[("never", "needle_middle")]
+
+
+def test_deepseek_check_shape_and_promotion_helps():
+    ds = accum.deepseek_check(K=1024, trials=20, keep_bits=(14,))
+    assert len(ds) == 2
+    assert (ds["max_rel_error_promoted"] < ds["max_rel_error"]).all()
+
+
+def test_exact_sum_is_exact_enough():
+    x = np.array([1e16, 1.0, -1e16, 1e-8])
+    assert float(accum.exact_sum(x)) == 1.00000001
