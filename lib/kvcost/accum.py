@@ -36,13 +36,16 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
 from numba import njit, prange
 
-from .floats import FloatFormat, parse_format, round_pair
+from .floats import FloatFormat, parse_format
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 __all__ = [
     "STRATEGIES", "running_sum", "accumulate", "hopper_sum", "flat_sum_limit",
@@ -121,8 +124,6 @@ def _add_nb(a: float, b: float, m: int, emin: int, fmax: float, ovf: float) -> f
     return _round_nb(s, lo, m, emin, fmax, ovf)
 
 
-# float32 parameters for the outer accumulator of the two-level scheme
-_F32 = (23, -126, float(np.finfo(np.float32).max), math.inf)
 
 
 @njit(parallel=True, cache=True)
