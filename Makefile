@@ -7,7 +7,7 @@ PYTHON    ?= python3
 VENV      := .venv
 PY        := $(CURDIR)/$(VENV)/bin/python
 STAMP     := $(VENV)/.installed
-NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]*_*.ipynb))
 EXECUTED  := build/executed
 # papermill and nbval both run from notebooks/, as CONTRACT.md says.
 PAPERMILL := $(PY) -m papermill --cwd . -k python3 --no-progress-bar --log-level WARNING

@@ -13,7 +13,7 @@ import pytest
 from kvcost.output import repo_root
 
 NOTEBOOK_DIR = repo_root() / "notebooks"
-NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]*_*.ipynb"))
 CONTRACT = ["01_sizing", "02_axis_choice", "03_needle_cliff", "04_accumulator_floor", "05_vendor_table"]
 
 

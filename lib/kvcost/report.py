@@ -63,7 +63,7 @@ def verdict_markdown(checks: Sequence[Check], what: str = "printed numbers",
             for c in checks:
                 if not c.agrees:
                     why = f" — {c.note}" if c.note else ""
-                    lines.append(f"- {c.claim}: the post says `{c.published}`, kvcost computes `{c.computed}`{why}")
+                    lines.append(f"- {c.claim}: published `{c.published}`, kvcost computes `{c.computed}`{why}")
     if readings:
         n_hold = sum(c.agrees for c in readings)
         lines += ["", f"**The post's readings**: {n_hold} of {len(readings)} hold.", ""]
