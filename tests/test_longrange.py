@@ -125,3 +125,15 @@ def test_grid_separates_the_parts_and_is_deterministic():
 def test_bad_parameters_raise_naming_them(call, name):
     with pytest.raises(ValueError, match=f"'{name}"):
         call()
+
+
+def test_checks_run_on_a_small_grid():
+    ar = [["exact", "exact"], ["bf16", "fp32"], ["bf16", "bf16"], ["fp8_e4m3", "exact"],
+          ["fp8_e4m3", "hopper"], ["fp8_e4m3", "hopper_promoted"]]
+    g = lr.needle_grid([512, 2048], [0.1], ["middle"], ["none", "fp8_e4m3"], ar, head_dim=16,
+                       denominators=["fp32", "matched"])
+    f = lr.needle_grid([2048], [0.1], ["middle"], ["fp8_e4m3"],
+                       [["fp8_e4m3", a] for a in ("hopper", "two_level_128", "two_level_512")], head_dim=16,
+                       denominators=["fp32"])
+    cs = lr.checks(g, f, accum.load_published())
+    assert len(cs) == 8 and all(isinstance(c.agrees, bool) for c in cs)
