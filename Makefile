@@ -11,7 +11,6 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]*_*.ipynb))
 EXECUTED  := build/executed
 # papermill and nbval both run from notebooks/, as CONTRACT.md says.
 PAPERMILL := $(PY) -m papermill --cwd . -k python3 --no-progress-bar --log-level WARNING
-export MPLBACKEND := Agg
 export PYTHONHASHSEED := 0
 
 .PHONY: help setup figures notebooks test unit nbval bench sweep real-kv lab clean

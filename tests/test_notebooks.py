@@ -47,6 +47,7 @@ BAD = [
     ("03_needle_cliff", {"n_tokens": -5}, "n_tokens"),
     ("04_accumulator_floor", {"n_tokens": [64, -5]}, "n_tokens"),
     ("05_vendor_table", {"weights_gib": 0}, "weights_gib"),
+    ("06_long_range_needle", {"n_tokens": [4096, -5]}, "n_tokens"),
 ]
 
 
