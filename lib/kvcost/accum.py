@@ -54,6 +54,8 @@ __all__ = [
 ]
 
 STRATEGIES = ("flat", "two_level", "pairwise", "kahan", "hopper")
+# The float32 register that two-level and promoted sums flush into (numba freezes these globals).
+_FP32_MAN, _FP32_EMIN, _FP32_MAX = 23, -126, float(np.finfo(np.float32).max)
 _CHUNK = 1 << 16          # rows per np.add.accumulate call (bounds the temporary)
 
 
@@ -153,7 +155,7 @@ def _two_level_nb(x, block, m, emin, fmax, ovf, nth):   # pragma: no cover - com
                 part[j] = _add_nb(part[j], x[i, j], m, emin, fmax, ovf)
             if (i + 1) % block == 0 or i == n - 1:
                 for j in range(j0, j1):
-                    out[j] = _add_nb(out[j], part[j], 23, -126, 3.4028234663852886e38, math.inf)
+                    out[j] = _add_nb(out[j], part[j], _FP32_MAN, _FP32_EMIN, _FP32_MAX, math.inf)
                     part[j] = 0.0
     return out
 
@@ -212,7 +214,7 @@ def _hopper_nb(x, group, keep_bits, promote, m, emin, fmax, ovf, nth):   # pragm
                     tc = _round_nb(s, 0.0, m, emin, fmax, ovf)
                 since += g1 - g0
                 if promote > 0 and (since >= promote or g1 == n):
-                    fp = _add_nb(fp, tc, 23, -126, 3.4028234663852886e38, math.inf)
+                    fp = _add_nb(fp, tc, _FP32_MAN, _FP32_EMIN, _FP32_MAX, math.inf)
                     tc = 0.0
                     since = 0
             if promote > 0:
