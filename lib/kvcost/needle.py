@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 from . import attention, quant, synthetic
 from .params import check_float, check_int, check_pairs
@@ -59,6 +61,15 @@ def trial_errors(trial: synthetic.NeedleTrial, k_roundtrip: Roundtrip | None,
     )
 
 
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Run BLAS single-threaded: our own prefetch thread already uses the second core, and
+    these small matrix-vector products lose more to thread hand-offs than they gain (the
+    results are bit-identical either way: each output is one dot product)."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
 def _prefetched(draw: Callable[[], synthetic.NeedleTrial], count: int) -> Iterator[synthetic.NeedleTrial]:
     """Yield ``count`` draws in order, drawing the next one in a worker thread meanwhile.
 
@@ -92,6 +103,12 @@ def post_needle_table(seed: int = 7, n_tokens: int = 4096, head_dim: int = 128, 
     margin = check_float("margin", margin)
     pairs = check_pairs("bit_pairs", bit_pairs, MIN_BITS, MAX_BITS)
     rng, _, _ = synthetic.post_stream(seed, n_tokens, head_dim)
+    with one_blas_thread():
+        return _post_needle_rows(rng, n_tokens, head_dim, trials, margin, pairs)
+
+
+def _post_needle_rows(rng: np.random.Generator, n_tokens: int, head_dim: int, trials: int, margin: float,
+                      pairs: list[tuple[int, int]]) -> pd.DataFrame:
     draws = _prefetched(lambda: synthetic.post_needle_trial(rng, n_tokens, head_dim, margin),
                         trials * len(pairs))
     rows = []
@@ -104,6 +121,7 @@ def post_needle_table(seed: int = 7, n_tokens: int = 4096, head_dim: int = 128, 
     return pd.DataFrame(rows, columns=NEEDLE_COLUMNS)
 
 
+@one_blas_thread()
 def margin_sweep(margins: Sequence[float], bits: Sequence[int], trials: int, seed: int = 0,
                  n_tokens: int = 4096, head_dim: int = 128) -> pd.DataFrame:
     """Needle flip rate against margin for K bit widths (V exact), on common random trials.
@@ -134,6 +152,7 @@ def margin_sweep(margins: Sequence[float], bits: Sequence[int], trials: int, see
     return pd.DataFrame(rows)
 
 
+@one_blas_thread()
 def error_sources(seed: int, n_tokens: int, head_dim: int, trials: int, margin: float,
                   bit_pairs: Sequence[Sequence[int]]) -> pd.DataFrame:
     """Where the output error comes from: K rounded alone, V rounded alone, and both.
