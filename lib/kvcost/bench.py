@@ -86,6 +86,32 @@ def bench_e8m13_flat() -> list[BenchResult]:
                         "each addition exact then rounded once; columns in parallel")]
 
 
+@register
+def bench_needle_table() -> list[BenchResult]:
+    """The post's needle table (50 trials x 4 bit pairs): kvcost's prefetched, single-BLAS-thread
+    loop against a plain serial loop over the same stream (the post's own structure)."""
+    from . import needle, synthetic
+    args = dict(seed=7, n_tokens=4096, head_dim=128, trials=50, margin=0.5)
+    pairs = [(8, 8), (4, 4), (3, 3), (2, 2)]
+
+    def serial() -> list[int]:
+        rng, _, _ = synthetic.post_stream(7, 4096, 128)
+        flips = []
+        for kb, vb in pairs:
+            k_rt, v_rt = needle.post_roundtrips(kb, vb)
+            flips.append(sum(needle.trial_errors(synthetic.post_needle_trial(rng, 4096, 128, 0.5), k_rt, v_rt).flipped
+                             for _ in range(args["trials"])))
+        return flips
+
+    t_serial, flips_serial = _best_of(serial, 1)
+    t_fast, table = _best_of(lambda: needle.post_needle_table(**args, bit_pairs=pairs), 1)
+    same = table.flips.tolist() == flips_serial
+    ratio = t_serial / t_fast
+    return [BenchResult("needle table 4 x 50 trials: post_needle_table vs serial loop", t_fast, ratio, "x faster",
+                        1.2, bool(same and ratio >= 1.2),
+                        f"serial {t_serial:.2f} s; flips {'identical' if same else 'DIFFERENT'}")]
+
+
 def run(benchmarks: list[Callable[[], list[BenchResult]]] | None = None) -> pd.DataFrame:
     """Run the benchmarks (default: all registered) and return the table."""
     rows = []
