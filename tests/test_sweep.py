@@ -26,7 +26,7 @@ def test_collect_stacks_runs_with_parameters(tmp_path, monkeypatch):
         (run / "t.csv").write_text(f"v\n{i}.5\n")
     written = sweep.collect("toy")
     text = written["t.csv"].read_text()
-    assert text == "run,a,v\n0,1,0.5\n1,2,1.5\n"
+    assert text == "run,param_a,v\n0,1,0.5\n1,2,1.5\n"
 
 
 def test_unknown_sweep_is_refused():

@@ -82,7 +82,8 @@ def run_sweep(name: str, kernel: str = "python3") -> Path:
 
 
 def collect(name: str) -> dict[str, Path]:
-    """Stack each table of a finished sweep across its runs, parameters first."""
+    """Stack each table of a finished sweep across its runs: ``run``, then ``param_<name>``
+    columns for the run's parameters, then the table's own columns."""
     sweep = SWEEPS[name]
     results = repo_root() / "results" / "sweeps" / name
     tables: dict[str, list[pd.DataFrame]] = {}
@@ -90,7 +91,8 @@ def collect(name: str) -> dict[str, Path]:
         for csv in sorted((results / f"run{i:02d}").glob("*.csv")):
             df = pd.read_csv(csv)
             for j, (key, value) in enumerate(params.items()):
-                df.insert(j, key, json.dumps(value) if isinstance(value, list) else value)
+                # prefixed: a table may have a column of the same name (e.g. context)
+                df.insert(j, f"param_{key}", json.dumps(value) if isinstance(value, list) else value)
             df.insert(0, "run", i)
             tables.setdefault(csv.name, []).append(df)
     written = {}
