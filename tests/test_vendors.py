@@ -46,3 +46,10 @@ def test_weights_ratio_follows_the_parameter():
 
 def test_checks_table_has_the_contract_columns():
     assert list(vendors.checks_table().columns) == ["claim", "published", "computed", "agrees"]
+
+
+def test_published_numbers_come_from_the_data_file():
+    assert vendors.published("dgx_spark_kv_q8_0_mib") == 408
+    assert vendors.published("q4_k_m_weights_gib") == 4.68
+    with pytest.raises(ValueError, match="'key'"):
+        vendors.published("nope")

@@ -7,6 +7,7 @@ ratios, differences of published percentages. :func:`checks` recomputes each of 
 from __future__ import annotations
 
 from fractions import Fraction
+from functools import lru_cache
 
 import pandas as pd
 
@@ -14,7 +15,7 @@ from . import formats, sizing
 from .output import repo_root
 from .report import Check, checks_frame
 
-__all__ = ["load_measurements", "checks", "checks_table", "qwen3_q8_0_checks", "dgx_spark_buffer_checks",
+__all__ = ["load_measurements", "published", "checks", "checks_table", "qwen3_q8_0_checks", "dgx_spark_buffer_checks",
            "weights_ratio_check", "GIB", "MIB", "GB"]
 
 GIB, MIB, GB = 2**30, 2**20, 10**9
@@ -31,9 +32,30 @@ def load_measurements() -> pd.DataFrame:
     return df[MEASUREMENT_COLUMNS]
 
 
+@lru_cache(maxsize=None)
+def _numbers() -> dict[str, float]:
+    df = pd.read_csv(repo_root() / "data" / "vendor_numbers.csv")
+    return dict(zip(df.key, df.value.astype(float)))
+
+
+def published(key: str) -> float:
+    """A number the post or a vendor published (``data/vendor_numbers.csv``, quote and source per row)."""
+    numbers = _numbers()
+    if key not in numbers:
+        raise ValueError(f"parameter 'key' must be one of {sorted(numbers)}, got {key!r}")
+    return numbers[key]
+
+
 def _saving_gib(model: str, context: int, base: str, quantized: str) -> float:
     g = sizing.load_model(model)
     return (sizing.cache_bytes(g, context, base) - sizing.cache_bytes(g, context, quantized)) / GIB
+
+
+def _same(computed: float, key: str, fmt: str) -> tuple[str, str, bool]:
+    """Computed vs published, both formatted to the digits published."""
+    pub = format(published(key), fmt)
+    out = format(computed, fmt)
+    return pub, out, pub == out
 
 
 def qwen3_q8_0_checks() -> list[Check]:
@@ -43,13 +65,12 @@ def qwen3_q8_0_checks() -> list[Check]:
     saving = _saving_gib("Qwen3-8B", 32768, "fp16", "q8_0")
     exact_pct = float(1 - formats.bytes_per_value("q8_0") / formats.bytes_per_value("fp16"))
     return [
-        Check("Qwen3-8B 32K cache in f16 (the post: 144 KiB/token, so 4.500 GiB)", "4.500",
-              f"{f16_32k:.3f}", f"{f16_32k:.3f}" == "4.500"),
-        Check("q8_0 cuts Qwen3-8B's 32K cache by 2.1 GiB (A100 test)", "2.1",
-              f"{saving:.1f}", f"{saving:.1f}" == "2.1",
+        Check("Qwen3-8B 32K cache in f16 (the post: 144 KiB/token, so 4.500 GiB)",
+              *_same(f16_32k, "qwen3_8b_f16_32k_gib", ".3f")),
+        Check("q8_0 cuts Qwen3-8B's 32K cache by 2.1 GiB (A100 test)",
+              *_same(saving, "qwen3_8b_q8_0_saving_gib", ".1f"),
               f"exactly {saving:.6f} GiB: q8_0 keeps 34 of every 64 f16 bytes"),
-        Check("'a 47% saving on that is 2.115 GiB'", "2.115", f"{saving:.3f}",
-              f"{saving:.3f}" == "2.115",
+        Check("'a 47% saving on that is 2.115 GiB'", *_same(saving, "post_q8_0_saving_gib", ".3f"),
               f"q8_0's saving is exactly {exact_pct:.3%}, not 47%; 47% of 4.5 GiB is 2.115"),
     ]
 
@@ -59,57 +80,62 @@ def dgx_spark_buffer_checks() -> list[Check]:
     nano = sizing.load_model("Nemotron-3-Nano-30B-A3B")
     qwen_moe = sizing.cache_bytes(sizing.load_model("Qwen3-30B-A3B"), 131072, "fp16") / MIB
     out = []
-    for fmt, published in (("fp16", "768"), ("q8_0", "408"), ("q4_0", "216")):
+    for fmt in ("fp16", "q8_0", "q4_0"):
         mib = sizing.cache_bytes(nano, 131072, fmt) / MIB
         how = (f"Qwen3-30B-A3B, the other 30B-A3B, would need {qwen_moe:,.0f} MiB" if fmt == "fp16" else
                f"{fmt} stores {formats.get(fmt).block_bytes} bytes per {formats.get(fmt).block} values")
         out.append(Check(f"KV buffer at 128K in {fmt} (Nemotron-3-Nano-30B-A3B: {nano.count('full')} attention "
-                         f"layers x {nano.kv_heads} KV heads x {nano.head_dim})", published, f"{mib:g}",
-                         f"{mib:g}" == published, how))
+                         f"layers x {nano.kv_heads} KV heads x {nano.head_dim})",
+                         *_same(mib, f"dgx_spark_kv_{'f16' if fmt == 'fp16' else fmt}_mib", "g"), how))
     return out
 
 
-def weights_ratio_check(weights_gib: float = 4.68) -> Check:
+def weights_ratio_check(weights_gib: float | None = None) -> Check:
     """"16 GiB of KV at 128k is more than three times the 4.68 GiB Q4_K_M weight file"."""
-    llama = sizing.load_model("Llama-3.1-8B")
-    kv128 = sizing.cache_bytes(llama, 131072, "bf16") / GIB
+    weights_gib = published("q4_k_m_weights_gib") if weights_gib is None else weights_gib
+    kv128 = sizing.cache_bytes(sizing.load_model("Llama-3.1-8B"), 131072, "bf16") / GIB
     ratio = kv128 / weights_gib
     return Check(f"16 GiB of KV at 128k is more than 3x the {weights_gib:g} GiB weight file", "> 3x",
                  f"{kv128:g} GiB / {weights_gib:g} GiB = {ratio:.2f}x", ratio > 3)
 
 
-def checks(weights_gib: float = 4.68) -> list[Check]:
+def checks(weights_gib: float | None = None) -> list[Check]:
     """Every number of the vendor table (and the prose around it) that arithmetic can check.
 
-    ``weights_gib`` is the Q4_K_M weight file the post compares the 128k cache with.
+    ``weights_gib`` is the Q4_K_M weight file the post compares the 128k cache with
+    (default: the published 4.68 GiB).
     """
     out = qwen3_q8_0_checks() + dgx_spark_buffer_checks() + [weights_ratio_check(weights_gib)]
     # vLLM: 91% -> 13% -> 89% on 128k NIAH; "worth 76 points of needle accuracy".
-    out.append(Check("two-level accumulation was worth 76 points (13% -> 89%)", "76", f"{89 - 13}", 89 - 13 == 76))
+    points = published("vllm_niah_two_level_pct") - published("vllm_niah_fp8_pct")
+    out.append(Check("two-level accumulation was worth 76 points (13% -> 89%)",
+                     *_same(points, "post_two_level_points", "g")))
     # A100 test: decode at 64K depth falls to 55% of f16: "cost 45% of decode throughput".
-    out.append(Check("q8_0 cost 45% of decode throughput at 64K (falls to 55%)", "45", f"{100 - 55}",
-                     100 - 55 == 45))
+    out.append(Check("q8_0 cost 45% of decode throughput at 64K (falls to 55%)",
+                     *_same(100 - published("a100_q8_0_decode_64k_pct"), "post_q8_0_decode_cost_pct", "g")))
     # TurboQuant study: "FP8: 2x capacity" (per-tensor scales; per-token scales cost a little).
-    cap = formats.bytes_per_value("bf16") / formats.bytes_per_value("fp8_e4m3")
+    cap = float(formats.bytes_per_value("bf16") / formats.bytes_per_value("fp8_e4m3"))
     cap_tok = float(formats.bytes_per_value("bf16") / formats.bytes_per_value("fp8_e4m3_token", 128))
-    out.append(Check("FP8: 2x capacity", "2x", f"{float(cap):g}x", cap == 2,
+    pub, out_cap, ok = _same(cap, "turboquant_fp8_capacity_x", "g")
+    out.append(Check("FP8: 2x capacity", f"{pub}x", f"{out_cap}x", ok,
                      f"{cap_tok:.3f}x with an fp32 scale per token and head"))
     # KVQuant: "3-bit ... 1M-token LLaMA-7B on one A100-80GB" (LLaMA-7B shares Llama-2-7B's geometry).
     layers, heads, dim = sizing.naive_geometry("Llama-2-7B")
-    need3 = float(10**6 * sizing.naive_bytes_per_token(layers, heads, dim, Fraction(3, 8)) / GB)
-    need2 = float(10**6 * sizing.naive_bytes_per_token(layers, heads, dim, Fraction(2, 8)) / GB)
-    out.append(Check("KVQuant at 3 bits: 1M-token LLaMA-7B on one A100-80GB", "fits in 80 GB",
-                     f"1M tokens of 3-bit KV alone need {need3:.1f} GB", need3 <= 80,
+    tokens, bits, gpu = published("kvquant_tokens"), published("kvquant_bits"), published("a100_memory_gb")
+    need = float(tokens * sizing.naive_bytes_per_token(layers, heads, dim, Fraction(int(bits), 8)) / GB)
+    need2 = float(tokens * sizing.naive_bytes_per_token(layers, heads, dim, Fraction(2, 8)) / GB)
+    out.append(Check(f"KVQuant at {bits:g} bits: {tokens / 1e6:g}M-token LLaMA-7B on one A100-{gpu:g}GB",
+                     f"fits in {gpu:g} GB", f"{tokens / 1e6:g}M tokens of {bits:g}-bit KV alone need {need:.1f} GB",
+                     need <= gpu,
                      f"at 2 bits the KV needs {need2:.1f} GB, which fits beside the {LLAMA_7B_PARAMS * 2 / GB:.1f} GB "
-                     "of fp16 weights: a 1M-token LLaMA-7B on one A100-80GB needs fewer bits than the row's 3"))
+                     f"of fp16 weights: a 1M-token LLaMA-7B on one A100-80GB needs fewer bits than the row's {bits:g}"))
     # vLLM skip-layers advice: gpt-oss-20b keeps 128-token sliding windows.
     oss = sizing.load_model("gpt-oss-20b")
-    out.append(Check("gpt-oss-20b keeps 128-token sliding windows", "128", f"{oss.window}",
-                     oss.window == 128,
+    out.append(Check("gpt-oss-20b keeps 128-token sliding windows", *_same(oss.window, "gpt_oss_20b_window", "g"),
                      f"{oss.count('sliding')} of its {oss.num_layers} layers"))
     return out
 
 
-def checks_table(weights_gib: float = 4.68) -> pd.DataFrame:
+def checks_table(weights_gib: float | None = None) -> pd.DataFrame:
     """:func:`checks` as the contract's ``vendor_checks.csv`` columns: claim, published, computed, agrees."""
     return checks_frame(checks(weights_gib))[["claim", "published", "computed", "agrees"]]
