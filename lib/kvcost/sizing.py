@@ -487,8 +487,22 @@ def naive_geometry(name: str) -> tuple[int, int, int]:
 
 def _check_context(context: Any, name: str = "context") -> int:
     if isinstance(context, bool) or not isinstance(context, int) or context < 0:
-        raise ValueError(f"{name!r} must be a non-negative integer number of tokens, got {context!r}")
+        raise ValueError(f"parameter {name!r} must be a non-negative integer number of tokens, got {context!r}")
     return context
+
+
+def _kv_formats(dtype: str, v_dtype: str | None) -> tuple[formats.Format, formats.Format]:
+    """The K and V storage formats (V defaults to K's); errors name the parameter."""
+    try:
+        kf = formats.get(dtype)
+    except ValueError as err:
+        raise ValueError(f"parameter 'dtype': {err}") from None
+    if v_dtype is None:
+        return kf, kf
+    try:
+        return kf, formats.get(v_dtype)
+    except ValueError as err:
+        raise ValueError(f"parameter 'v_dtype': {err}") from None
 
 
 def _tokens_bytes(fmt: formats.Format, tokens: int, n_values: int, head_dim: int) -> Fraction:
@@ -507,8 +521,7 @@ def layer_breakdown(g: Geometry, context: int, dtype: str = "bf16",
                     v_dtype: str | None = None) -> list[dict[str, Any]]:
     """One row per kind of KV-holding layer: layers, tokens held, K and V bytes (exact Fractions)."""
     context = _check_context(context)
-    kf = formats.get(dtype)
-    vf = formats.get(v_dtype) if v_dtype is not None else kf
+    kf, vf = _kv_formats(dtype, v_dtype)
     rows = []
     for kind in (FULL, SLIDING, MLA):
         n = g.count(kind)
@@ -548,8 +561,7 @@ def kv_bytes_per_token(g: Geometry, dtype: str = "bf16", v_dtype: str | None = N
     full and MLA layers keep growing (:func:`marginal_bytes_per_token`). KIVI's fp16 residual
     window is not included (it is a per-sequence cost).
     """
-    kf = formats.get(dtype)
-    vf = formats.get(v_dtype) if v_dtype is not None else kf
+    kf, vf = _kv_formats(dtype, v_dtype)
     total = Fraction(0)
     for kind in (FULL, SLIDING, MLA):
         n = g.count(kind)
@@ -588,8 +600,7 @@ def state_bytes(g: Geometry, dtype: str | None = None) -> int | None:
 
 def shared_bytes(g: Geometry, dtype: str = "bf16", v_dtype: str | None = None) -> int:
     """Context-independent cache metadata shared by all sequences (static per-head scales)."""
-    kf = formats.get(dtype)
-    vf = formats.get(v_dtype) if v_dtype is not None else kf
+    kf, vf = _kv_formats(dtype, v_dtype)
     heads = 1 if g.count(MLA) else g.kv_heads
     per_layer = formats.fixed_bytes(kf, heads) + (0 if g.count(MLA) else formats.fixed_bytes(vf, heads))
     return g.kv_layers * per_layer
@@ -717,8 +728,7 @@ def plan(g: Geometry, context: int, dtype: str = "bf16", v_dtype: str | None = N
     is the post's formula (every layer, K and V of every KV head) in the same K and V formats.
     """
     context = _check_context(context)
-    kf = formats.get(dtype)
-    vf = formats.get(v_dtype) if v_dtype is not None else kf
+    kf, vf = _kv_formats(dtype, v_dtype)
     rt = context if request_tokens is None else _check_context(request_tokens, "request_tokens")
     layers, kvh, hd = g.naive
     naive = math.ceil(layers * kvh * hd * context * (kf.bytes_per_value(hd) + vf.bytes_per_value(hd)))
