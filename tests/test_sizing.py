@@ -330,3 +330,14 @@ def test_post_table_other_parameters() -> None:
     assert row["gib_at_context_bf16"] == b * 65536 / GIB
     assert row["requests_at_budget"] == int(80.0 * GIB / (b * 4096))
     assert math.isclose(row["kib_per_token_bf16"], b / 1024)
+
+
+def test_check_models_accepts_case_and_repo_ids_and_names_the_parameter() -> None:
+    assert sizing.check_models("models", ["llama-3.1-8b", "Qwen3-8B"]) == ["Llama-3.1-8B", "Qwen3-8B"]
+    repo = sizing.model_record("Qwen3-8B")["hf_repo"]
+    assert sizing.check_models("models", [repo]) == ["Qwen3-8B"]
+    with pytest.raises(ValueError, match="parameter 'models': unknown model 'No-Such'"):
+        sizing.check_models("models", ["No-Such"])
+    with pytest.raises(ValueError, match="parameter 'plot_models' must be a list"):
+        sizing.check_models("plot_models", "Qwen3-8B")
+    assert sizing.check_models("compare_models", [], min_len=0) == []

@@ -31,7 +31,7 @@ from . import formats
 
 __all__ = [
     "Geometry", "StateSpec", "Plan",
-    "from_hf_config", "load_model", "list_models", "model_record", "models_dir",
+    "from_hf_config", "load_model", "list_models", "model_record", "models_dir", "check_models",
     "cache_bytes", "kv_bytes_per_token", "marginal_bytes_per_token", "state_bytes", "shared_bytes", "layer_breakdown",
     "requests_in_budget", "max_context", "context_warnings", "plan",
     "naive_bytes_per_token", "naive_geometry", "post_table", "post_listing", "POST_MODELS",
@@ -470,6 +470,24 @@ def model_record(name: str) -> dict[str, Any]:
         if name.lower() in by_repo:
             return recs[by_repo[name.lower()]]
     raise ValueError(f"unknown model {name!r}; known models: {list_models()}")
+
+
+def check_models(param: str, names: Any, min_len: int = 1) -> list[str]:
+    """Validate a notebook/CLI list of model names; returns their canonical names.
+
+    Names match case-insensitively, and Hugging Face repo ids work too; anything else raises
+    ValueError naming ``param`` and listing the known models.
+    """
+    if not isinstance(names, (list, tuple)) or len(names) < min_len or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"parameter {param!r} must be a list of at least {min_len} model name(s) "
+                         f"from {list_models()}, got {names!r}")
+    out = []
+    for name in names:
+        try:
+            out.append(model_record(name)["name"])
+        except ValueError:
+            raise ValueError(f"parameter {param!r}: unknown model {name!r}; known models: {list_models()}") from None
+    return out
 
 
 def load_model(name: str) -> Geometry:
