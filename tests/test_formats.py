@@ -68,3 +68,12 @@ def test_unknown_formats_raise(bad: str) -> None:
 def test_non_string_format_raises() -> None:
     with pytest.raises(ValueError, match="format"):
         formats.get(8)  # type: ignore[arg-type]
+
+
+def test_post_int_k_formats_count_their_scales() -> None:
+    # per token: k bits + one fp32 scale per head vector; per channel: the scales are a constant
+    assert formats.bytes_per_value("int4_token", 128) == Fraction(1, 2) + Fraction(4, 128)
+    assert formats.bits_per_value("int8_token", 64) == 8.5
+    assert formats.bytes_per_value("int4_channel") == Fraction(1, 2)
+    with pytest.raises(ValueError, match="bits must be between 2 and 16"):
+        formats.get("int1_token")

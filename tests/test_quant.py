@@ -404,3 +404,12 @@ def test_intk_bad_input():
         quant.intk_roundtrip(np.ones(8), 4, "token")
     with pytest.raises(ValueError, match="'residual'"):
         quant.kivi_roundtrip(x, x, 2, group_size=32, residual=48)
+
+
+def test_scheme_bits_of_the_post_int_k_split_k_and_v():
+    (post4,) = [s for s in quant.standard_schemes([4]) if s.name.startswith("int4 post")]
+    assert quant.scheme_bits(post4, 128, "k") == 4.0        # per-channel scales: constant
+    assert quant.scheme_bits(post4, 128, "v") == 4.25       # + 32-bit scale per 128 values
+    assert quant.scheme_bits(post4, 128) == 4.125
+    with pytest.raises(ValueError, match="'cache'"):
+        quant.scheme_bits(post4, 128, "q")

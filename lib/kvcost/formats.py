@@ -22,6 +22,9 @@ Names understood by :func:`get`:
 ``q5_1`` ``iq4_nl``       bits for ``q5``; ``iq4_nl`` is a 4-bit non-linear table)
 ``int{k}_g{g}``           KIVI-style asymmetric int-k in groups of g values, one fp16
                           scale and one fp16 zero point per group (k in 1..8)
+``int{k}_token``,          the post's symmetric absmax int-k (k in 2..16): one fp32 scale
+``int{k}_channel``        per token per KV head (4 bytes per ``head_dim`` values), or one
+                          per channel for the whole sequence (constant, not counted)
 ``kivi{k}[_g{g}][_r{R}]`` int-k groups (default g=32) plus a full-precision (fp16)
                           residual window of the R most recent tokens (default 128),
                           the configuration of the KIVI paper
@@ -86,7 +89,7 @@ class Format:
     payload_bits: int
     block: int
     block_bytes: Fraction
-    scale: str = "none"            # none | tensor | head | token | block | group
+    scale: str = "none"            # none | tensor | head | token | channel | block | group
     residual: int = 0
     residual_format: str = "fp16"
     per_head_meta_bytes: int = 0   # constant bytes per KV head per layer (static scales)
@@ -151,6 +154,17 @@ def _build(name: str) -> Format:
                           Fraction(1), scale="head", per_head_meta_bytes=_SCALE_BYTES_FP8)
         return Format(name, f"{base}, one fp32 scale per token per KV head", 8, 0,
                       Fraction(0), scale="token")
+    m = re.fullmatch(r"int(\d+)_(token|channel)", name)
+    if m:
+        bits, axis = int(m.group(1)), m.group(2)
+        if not 2 <= bits <= 16:
+            raise ValueError(f"format {name!r}: bits must be between 2 and 16, got {bits}")
+        if axis == "token":
+            return Format(name, f"int{bits} symmetric, one fp32 scale per token per KV head", bits, 0,
+                          Fraction(0), scale="token")
+        return Format(name, f"int{bits} symmetric, one fp32 scale per channel per KV head for the whole "
+                            "sequence (constant, not counted per token)", bits, 1, Fraction(bits, 8),
+                      scale="channel")
     m = re.fullmatch(r"int(\d+)_g(\d+)", name)
     if m:
         bits, group = int(m.group(1)), int(m.group(2))
@@ -168,7 +182,8 @@ def _build(name: str) -> Format:
                       bits, group, Fraction(group * bits, 8) + _GROUP_META_BYTES, scale="group",
                       residual=residual)
     raise ValueError(f"unknown format {name!r}; known: {names()} "
-                     "(plus int{k}_g{g}, kivi{k}[_g{g}][_r{R}], fp8_e4m3_head/_token, fp8_e5m2_head/_token)")
+                     "(plus int{k}_token, int{k}_channel, int{k}_g{g}, kivi{k}[_g{g}][_r{R}], "
+                     "fp8_e4m3_head/_token, fp8_e5m2_head/_token)")
 
 
 def _check_int_k(name: str, bits: int, group: int) -> None:

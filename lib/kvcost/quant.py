@@ -602,13 +602,15 @@ def outlier_sweep(rng: np.random.Generator, n_tokens: int, head_dim: int, streng
 @dataclass(frozen=True)
 class Scheme:
     """A storage scheme for a cache: round trips for K and V (shapes ``(..., tokens, head_dim)``),
-    its family, and its ``kvcost.formats`` name (for the true bits per value; None if it has none)."""
+    its family, and its ``kvcost.formats`` name (for the true bits per value; None if it has none;
+    ``v_fmt`` when V is stored in another format than K)."""
 
     name: str
     family: str
     fmt: str | None
     k: Callable[[np.ndarray], np.ndarray]
     v: Callable[[np.ndarray], np.ndarray]
+    v_fmt: str | None = None
 
 
 def _ggml_rt(kind: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -628,8 +630,9 @@ def standard_schemes(bits_list: list[int] = (8, 4, 2), group: int = 32, residual
     out: list[Scheme] = [Scheme("bf16", "float", "bf16", lambda x: floats.round_to(x, "bf16"),
                                 lambda x: floats.round_to(x, "bf16"))]
     for b in bits_list:
-        out.append(Scheme(f"int{b} post (K/ch, V/tok)", "int-k symmetric", None,
-                          lambda x, b=b: intk_roundtrip(x, b, "channel"), lambda x, b=b: intk_roundtrip(x, b, "token")))
+        out.append(Scheme(f"int{b} post (K/ch, V/tok)", "int-k symmetric", f"int{b}_channel",
+                          lambda x, b=b: intk_roundtrip(x, b, "channel"), lambda x, b=b: intk_roundtrip(x, b, "token"),
+                          v_fmt=f"int{b}_token"))
         out.append(Scheme(f"int{b} g{group} asym", "int-k groups", f"int{b}_g{group}",
                           lambda x, b=b: intk_roundtrip(x, b, "channel", symmetric=False, group_size=group),
                           lambda x, b=b: intk_roundtrip(x, b, "token", symmetric=False, group_size=group)))
@@ -647,25 +650,34 @@ def standard_schemes(bits_list: list[int] = (8, 4, 2), group: int = 32, residual
     return out
 
 
-def scheme_bits(scheme: Scheme, head_dim: int) -> float:
+def scheme_bits(scheme: Scheme, head_dim: int, cache: str = "kv") -> float:
     """True bits per value of a scheme (kvcost.formats, metadata amortized); NaN without a format.
-    The symmetric int-k of the post stores one scale per token (V) or per channel (K): k bits
-    plus a 32-bit scale over head_dim (V) or n_tokens (K) values, taken here as k + 32/head_dim."""
-    if scheme.fmt is None:
-        b = int(scheme.name[3:].split()[0])
-        return b + 32 / head_dim
+
+    ``cache``: ``"k"`` or ``"v"`` for one cache, ``"kv"`` for their mean (K and V hold the same
+    number of values). The post's int-k keeps K per channel (``int{k}_channel``: its scales are
+    a constant) and V per token (``int{k}_token``: one fp32 scale per token per head).
+    """
     from . import formats
 
-    return formats.bits_per_value(scheme.fmt, head_dim)
+    if cache not in ("k", "v", "kv"):
+        raise ValueError(f"parameter 'cache' must be 'k', 'v' or 'kv', got {cache!r}")
+    if scheme.fmt is None:
+        return float("nan")
+    k_bits = formats.bits_per_value(scheme.fmt, head_dim)
+    v_bits = formats.bits_per_value(scheme.v_fmt or scheme.fmt, head_dim)
+    return {"k": k_bits, "v": v_bits, "kv": (k_bits + v_bits) / 2}[cache]
 
 
 def scheme_cache_errors(k: np.ndarray, v: np.ndarray, schemes: list[Scheme]) -> pd.DataFrame:
     """Reconstruction error of K and V under each scheme. Columns ``scheme, family, format,
-    bits_per_value, k_rel_l2, v_rel_l2``."""
+    bits_per_value, k_bits_per_value, v_bits_per_value, k_rel_l2, v_rel_l2`` (``bits_per_value``
+    is the mean of K's and V's)."""
     rows = []
     for s in schemes:
         rows.append({"scheme": s.name, "family": s.family, "format": s.fmt or "",
                      "bits_per_value": scheme_bits(s, k.shape[-1]),
+                     "k_bits_per_value": scheme_bits(s, k.shape[-1], "k"),
+                     "v_bits_per_value": scheme_bits(s, k.shape[-1], "v"),
                      "k_rel_l2": rel_l2(s.k(k), k), "v_rel_l2": rel_l2(s.v(v), v)})
     return pd.DataFrame(rows)
 
