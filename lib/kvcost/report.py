@@ -52,8 +52,9 @@ def verdict_markdown(checks: Sequence[Check], what: str = "printed numbers",
     the second lists each of ``readings`` (claims in the post's prose) as holding or not,
     with what was computed.
     """
-    lines = ["### Verdict", ""]
+    lines = ["### Verdict"]
     if checks:
+        lines.append("")
         n_ok = sum(c.agrees for c in checks)
         if n_ok == len(checks):
             lines.append(f"**Reproduced**: all {len(checks)} {what} agree with kvcost's computation.")
