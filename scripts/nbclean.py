@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Strip volatile metadata from executed notebooks so re-running them changes no bytes.
 
-Removes papermill's notebook/cell metadata and per-cell execution timestamps, keeps
+Removes papermill's notebook/cell metadata, per-cell execution timestamps and the
+interpreter's version, keeps
 outputs and execution counts (nbval needs both), and refuses a notebook whose outputs
 hold a machine path (a notebook must never print one).
 
@@ -21,6 +22,8 @@ VOLATILE_CELL_KEYS = ("papermill", "execution", "collapsed", "scrolled")
 def clean(nb: dict) -> dict:
     nb.get("metadata", {}).pop("papermill", None)
     nb["metadata"].pop("widgets", None)
+    # the interpreter's patch version is the machine's, not the notebook's
+    nb["metadata"].get("language_info", {}).pop("version", None)
     for cell in nb.get("cells", []):
         meta = cell.setdefault("metadata", {})
         for key in VOLATILE_CELL_KEYS:

@@ -26,6 +26,7 @@ def test_committed_notebook_is_clean(path):
     text = path.read_text()
     nb = json.loads(text)
     assert "papermill" not in nb["metadata"]
+    assert "version" not in nb["metadata"].get("language_info", {}), "machine's Python version recorded"
     assert not re.search(r"/(?:work|root|tmp|home)/", text), "machine path in the notebook"
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert "parameters" in code[0]["metadata"].get("tags", []), "first code cell must be the parameters"
