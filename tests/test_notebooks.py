@@ -70,3 +70,24 @@ def test_readme_indexes_every_notebook_with_an_existing_figure():
         assert f"notebooks/{path.name}" in readme, f"README does not index {path.name}"
     for figure in re.findall(r'src="(figures/[^"]+)"', readme):
         assert (repo_root() / figure).is_file(), f"README shows a missing figure {figure}"
+
+
+def test_nbclean_strips_volatile_metadata_and_refuses_machine_paths(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("nbclean", repo_root() / "scripts" / "nbclean.py")
+    nbclean = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nbclean)
+    nb = {"metadata": {"papermill": {"start_time": "x"}, "language_info": {"name": "python", "version": "3.11.7"}},
+          "cells": [{"cell_type": "code", "metadata": {"papermill": {}, "execution": {"t": 1},
+                                                       "tags": ["injected-parameters"]},
+                     "outputs": [], "execution_count": 1, "source": ""}],
+          "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "n.ipynb"
+    path.write_text(json.dumps(nb))
+    assert nbclean.main([str(path)]) == 0
+    clean = json.loads(path.read_text())
+    assert clean["metadata"] == {"language_info": {"name": "python"}}
+    assert clean["cells"][0]["metadata"] == {} and clean["cells"][0]["execution_count"] == 1
+    nb["cells"][0]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "/work/main/x\n"}]
+    path.write_text(json.dumps(nb))
+    assert nbclean.main([str(path)]) == 1
