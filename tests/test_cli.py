@@ -15,8 +15,9 @@ def test_json_plan_llama_q8_0(capsys) -> None:
     assert out["bytes_per_token"] == 69632
     assert out["cache_bytes"] == 69632 * 131072
     assert out["requests"] == 24 * 2**30 // (69632 * 131072)          # 2
-    assert out["max_context"] == 24 * 2**30 // 69632                   # 370085
-    assert out["warnings"] == []
+    assert out["max_context_memory"] == 24 * 2**30 // 69632            # 370085 by memory alone
+    assert out["max_context"] == 131072                                # capped at max_position_embeddings
+    assert len(out["warnings"]) == 1 and "max_position_embeddings 131,072" in out["warnings"][0]
 
 
 def test_split_k_v_formats(capsys) -> None:

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from kvcost import sizing
+from kvcost import models, sizing
+from kvcost.experiments import sizing as exp
 from kvcost.sizing import cache_bytes, from_hf_config, load_model
 
 GIB, MIB = 2**30, 2**20
@@ -266,18 +267,18 @@ def test_path_and_folder(tmp_path) -> None:
 # --------------------------------------------------------------------------- registry
 
 def test_registry_has_the_families() -> None:
-    names = sizing.list_models()
+    names = models.list_models()
     assert len(names) >= 20
-    for must in sizing.POST_MODELS + ["DeepSeek-V3", "Jamba-v0.1", "Qwen3-Next-80B-A3B", "Gemma-3-27B",
+    for must in models.POST_MODELS + ["DeepSeek-V3", "Jamba-v0.1", "Qwen3-Next-80B-A3B", "Gemma-3-27B",
                                       "Falcon-7B", "Phi-3-mini-4k-instruct", "Nemotron-H-8B"]:
         assert must in names
     for n in names:
-        rec = sizing.model_record(n)
+        rec = models.model_record(n)
         assert rec["sources"] and all(s["where"] for s in rec["sources"])
-    assert sizing.load_model("qwen3-8b").name == "Qwen3-8B"                # case-insensitive
-    assert sizing.load_model("openai/gpt-oss-20b").name == "gpt-oss-20b"   # by repo id
+    assert models.load_model("qwen3-8b").name == "Qwen3-8B"                # case-insensitive
+    assert models.load_model("openai/gpt-oss-20b").name == "gpt-oss-20b"   # by repo id
     with pytest.raises(ValueError, match="Llama-3.1-8B"):
-        sizing.load_model("Llama-9")
+        models.load_model("Llama-9")
 
 
 # --------------------------------------------------------------------------- planner
@@ -313,18 +314,18 @@ def test_plan_naive_vs_true() -> None:
 # --------------------------------------------------------------------------- the post's formula
 
 def test_post_table_reproduces_block_1() -> None:
-    df = sizing.post_table()
+    df = exp.post_table()
     assert list(df.columns) == ["model", "layers", "kv_heads", "head_dim", "kib_per_token_bf16",
                                 "gib_at_context_bf16", "gib_at_context_fp8", "requests_at_budget"]
     assert df["kib_per_token_bf16"].tolist() == [128, 144, 128, 48, 512]
     assert df["gib_at_context_bf16"].tolist() == [16, 18, 16, 6, 64]
     assert df["gib_at_context_fp8"].tolist() == [8, 9, 8, 3, 32]
     assert df["requests_at_budget"].tolist() == [24, 21, 24, 64, 6]
-    assert sizing.post_listing()["ratio"].tolist() == [1.0, 1.125, 1.0, 0.375, 4.0]
+    assert exp.post_listing()["ratio"].tolist() == [1.0, 1.125, 1.0, 0.375, 4.0]
 
 
 def test_post_table_other_parameters() -> None:
-    df = sizing.post_table(["DeepSeek-V3"], context=65536, budget_gib=80.0, request_tokens=4096)
+    df = exp.post_table(["DeepSeek-V3"], context=65536, budget_gib=80.0, request_tokens=4096)
     b = 2 * 61 * 128 * 56 * 2
     row = df.iloc[0]
     assert row["gib_at_context_bf16"] == b * 65536 / GIB
@@ -333,11 +334,11 @@ def test_post_table_other_parameters() -> None:
 
 
 def test_check_models_accepts_case_and_repo_ids_and_names_the_parameter() -> None:
-    assert sizing.check_models("models", ["llama-3.1-8b", "Qwen3-8B"]) == ["Llama-3.1-8B", "Qwen3-8B"]
-    repo = sizing.model_record("Qwen3-8B")["hf_repo"]
-    assert sizing.check_models("models", [repo]) == ["Qwen3-8B"]
+    assert models.check_models("models", ["llama-3.1-8b", "Qwen3-8B"]) == ["Llama-3.1-8B", "Qwen3-8B"]
+    repo = models.model_record("Qwen3-8B")["hf_repo"]
+    assert models.check_models("models", [repo]) == ["Qwen3-8B"]
     with pytest.raises(ValueError, match="parameter 'models': unknown model 'No-Such'"):
-        sizing.check_models("models", ["No-Such"])
+        models.check_models("models", ["No-Such"])
     with pytest.raises(ValueError, match="parameter 'plot_models' must be a list"):
-        sizing.check_models("plot_models", "Qwen3-8B")
-    assert sizing.check_models("compare_models", [], min_len=0) == []
+        models.check_models("plot_models", "Qwen3-8B")
+    assert models.check_models("compare_models", [], min_len=0) == []

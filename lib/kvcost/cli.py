@@ -16,9 +16,8 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from . import formats, sizing
+from . import formats, models, sizing
 
 __all__ = ["main", "build_parser", "format_plan"]
 
@@ -35,10 +34,7 @@ def _bytes(n: float | int | None) -> str:
 
 
 def _geometry(target: str) -> sizing.Geometry:
-    path = Path(target)
-    if path.is_file() or (path.is_dir() and (path / "config.json").is_file()):
-        return sizing.from_hf_config(path, name=path.parent.name if path.is_file() else path.name)
-    return sizing.load_model(target)
+    return models.resolve(target)
 
 
 def format_plan(p: sizing.Plan) -> str:
@@ -108,13 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "models":
-            names = sizing.list_models()
+            names = models.list_models()
             if args.json:
-                print(json.dumps([{"name": n, "hf_repo": sizing.model_record(n).get("hf_repo")} for n in names],
+                print(json.dumps([{"name": n, "hf_repo": models.model_record(n).get("hf_repo")} for n in names],
                                  indent=2))
             else:
                 for n in names:
-                    print(f"{n:28s} {sizing.model_record(n).get('hf_repo', '')}")
+                    print(f"{n:28s} {models.model_record(n).get('hf_repo', '')}")
             return 0
         if args.command == "formats":
             rows = [formats.describe(n) for n in formats.names()]

@@ -1,0 +1,70 @@
+"""Notebook 01's readings of the post's sizing section, each checked against kvcost's computation."""
+from __future__ import annotations
+
+from .. import vendors
+from ..hfconfig import SLIDING
+from ..models import POST_MODELS, list_models, load_model
+from ..report import Check
+from ..sizing import cache_bytes, naive_bytes_per_token
+from ..units import GIB
+
+__all__ = ["reading_checks", "formula_off"]
+
+
+def formula_off(context: int, tolerance: float = 0.01) -> tuple[list[str], list[str], list[str]]:
+    """Registry models at ``context`` in bf16: (off by more than ``tolerance``, within it, beyond their maximum).
+
+    A model whose ``max_position_embeddings`` is below ``context`` is not counted either way: its
+    cache at that length is not a configuration anyone runs.
+    """
+    off, exact, beyond = [], [], []
+    for name in list_models():
+        g = load_model(name)
+        if g.max_position_embeddings is not None and context > g.max_position_embeddings:
+            beyond.append(g.name)
+            continue
+        naive = naive_bytes_per_token(*g.naive) * context
+        true = cache_bytes(g, context)
+        (off if abs(naive - true) > tolerance * true else exact).append(
+            f"{g.name} {naive / true:.2g}x" if abs(naive - true) > tolerance * true else g.name)
+    return off, exact, beyond
+
+
+def reading_checks(context: int = 131_072) -> list[Check]:
+    """The post's readings of its sizing section: claim = the post's words, computed = what kvcost finds."""
+    checks = []
+    llama, _qwen, mistral, oss, l2 = (load_model(n) for n in POST_MODELS)
+    # "One formula covers every model, and it is exact enough to plan capacity with."
+    off, exact, beyond = formula_off(context)
+    counted = len(off) + len(exact)
+    beyond_text = (f"; {len(beyond)} more are trained to less than {context:,} tokens and not counted "
+                   f"({', '.join(beyond)})" if beyond else "")
+    checks.append(Check(
+        "One formula covers every model, and it is exact enough to plan capacity with", "exact",
+        f"at {context:,} tokens in bf16 it is off by more than 1% for {len(off)} of the {counted} models "
+        f"trained to that length ({', '.join(off)}){beyond_text}",
+        not off, "sliding windows, MLA latents and SSM/linear layers are outside the formula; a sliding "
+        "window saves memory only in an engine that frees tokens outside it (llama.cpp's --swa-full "
+        "keeps every token)"))
+    # The post's own table, corrected: gpt-oss-20b and Mistral-7B-v0.1 at 128k.
+    for g, printed in ((oss, "6.0"), (mistral, "16.0")):
+        true = cache_bytes(g, 131_072) / GIB                     # the post's claim is at 128k
+        naive = naive_bytes_per_token(*g.naive) * 131_072 / GIB
+        maxpos = g.max_position_embeddings
+        past = (f"; 128k is past its max_position_embeddings {maxpos:,}" if maxpos is not None and maxpos < 131_072
+                else "")
+        checks.append(Check(
+            f"{g.name} needs {printed} GiB of bf16 KV at 128k", printed,
+            f"{true:.3f} GiB: {g.count(SLIDING)} of {g.num_layers} layers keep only a "
+            f"{g.window}-token window ({naive / true:.1f}x less than the formula){past}",
+            abs(true - naive) < 0.05,
+            "the formula counts windowed layers at full context; the saving holds in engines that free "
+            "tokens outside the window (vLLM, llama.cpp without --swa-full), not in llama.cpp with --swa-full"))
+    # "Llama-2-7B costs 4x the KV bytes of an 8B Llama-3 model because GQA is the 4x"
+    ratio = cache_bytes(l2, context) / cache_bytes(llama, context)
+    checks.append(Check("Llama-2-7B costs 4x the KV bytes of an 8B Llama-3 model; GQA is the 4x", "4x",
+                        f"{ratio:g}x ({l2.kv_heads} against {llama.kv_heads} KV heads, same layers "
+                        f"and head_dim)", ratio == 4.0 and l2.kv_heads == 4 * llama.kv_heads))
+    # The published measurements the arithmetic must match (shared with notebook 05).
+    checks += [vendors.weights_ratio_check(), *vendors.qwen3_q8_0_checks(), *vendors.dgx_spark_buffer_checks()]
+    return checks
