@@ -5,7 +5,10 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["repo_root", "resolve_out_dir", "write_table"]
+__all__ = ["repo_root", "resolve_out_dir", "write_table", "FIGURE_DIR", "FIGURE_DIR_ENV"]
+
+FIGURE_DIR = "figures"                 # the committed figures, written only by default runs
+FIGURE_DIR_ENV = "KVCOST_FIGURE_DIR"   # set by the runner and sweeps: where a run's figures go
 
 
 def repo_root() -> Path:
@@ -24,7 +27,7 @@ def resolve_out_dir(out_dir: str | Path | None, stem: str) -> Path:
     """Resolve a notebook's ``out_dir`` parameter and create the folder.
 
     Empty or ``None`` means ``results/<stem>/``; a relative path is taken relative to the
-    repository root (CONTRACT.md), whatever the working directory is.
+    repository root (docs/notebooks.md), whatever the working directory is.
     """
     if out_dir is not None and not isinstance(out_dir, (str, Path)):
         raise ValueError(f"parameter 'out_dir' must be a path string, got {out_dir!r}")

@@ -8,26 +8,28 @@ from pathlib import Path
 import matplotlib
 import matplotlib.pyplot as plt
 
-from .output import repo_root
+from .output import FIGURE_DIR, FIGURE_DIR_ENV, repo_root
 
-__all__ = ["use_style", "save", "FIGURE_DIR", "PALETTE"]
-
-FIGURE_DIR = "figures"
-FIGURE_DIR_ENV = "KVCOST_FIGURE_DIR"
+__all__ = ["use_style", "save", "FIGURE_DIR", "PALETTE", "MARKERS", "LINESTYLES"]
 
 # Colour-blind-safe (Okabe-Ito) palette, one colour per series in a fixed order.
-PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+# Okabe-Ito without its yellow (unreadable on white); series also differ by marker and line style.
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#000000", "#56B4E9", "#E69F00", "#999999"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+LINESTYLES = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2))]
 
 _STYLE = {
     "figure.figsize": (6.4, 4.0),
     "figure.dpi": 100,
-    "savefig.dpi": 110,
+    "savefig.dpi": 200,
     "savefig.bbox": "tight",
     "axes.grid": True,
     "grid.alpha": 0.3,
     "axes.spines.top": False,
     "axes.spines.right": False,
-    "axes.prop_cycle": matplotlib.cycler(color=PALETTE),
+    "axes.prop_cycle": (matplotlib.cycler(color=PALETTE) + matplotlib.cycler(marker=MARKERS)
+                        + matplotlib.cycler(linestyle=LINESTYLES)),
+    "lines.markersize": 5,
     "font.size": 10,
     "legend.frameon": False,
     # Reproducible SVG: fixed element ids, text kept as paths (no font dependence in ids).
@@ -41,9 +43,12 @@ def use_style() -> None:
     matplotlib.rcParams.update(_STYLE)
 
 
-def save(fig: plt.Figure, name: str, formats: Sequence[str] = ("png",),
+def save(fig: plt.Figure, name: str, formats: Sequence[str] = ("png", "svg"),
          folder: str | Path | None = None) -> list[Path]:
-    """Save ``fig`` as ``figures/<name>.<fmt>`` with volatile metadata stripped.
+    """Save ``fig`` as ``<folder>/<name>.png`` (200 dpi) and ``.svg``, volatile metadata stripped.
+
+    Notebooks pass ``folder=p.figure_dir``: ``figures/`` for the default run, the run's
+    ``out_dir`` otherwise, so a run with other parameters never overwrites a committed figure.
 
     PNG drops the Software tag, SVG and PDF drop the creation date, so the same machine
     writes the same bytes every run and ``make figures`` leaves ``git status`` clean.

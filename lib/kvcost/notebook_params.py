@@ -1,0 +1,154 @@
+"""Each notebook's parameters, declared once: names, defaults, the post's values, ranges.
+
+A notebook's first code cell after ``parameters`` is::
+
+    p = notebook_params.validate("03_needle_cliff", globals())
+
+and later cells read ``p.seed``, ``p.out``, ``p.figure_dir``; no cell rebinds a parameter.
+The runner (``make run``) and sweeps validate against the same schema before a run starts,
+and reject parameter names the notebook does not declare. docs/notebooks.md lists them.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from . import accum, floats, formats, longrange, models, needle
+from .params import (Bool, Custom, Float, FloatList, Int, IntList, Pairs, Params, PathStr, Schema, Str,
+                     StrList)
+
+__all__ = ["SCHEMAS", "get", "validate", "stems"]
+
+
+def _float_format(name: str, value: Any) -> str:
+    try:
+        floats.parse_format(value)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"parameter {name!r}: {err}") from None
+    return value
+
+
+def _models(min_len: int):
+    return lambda name, value: models.check_models(name, value, min_len=min_len)
+
+
+def _n_range(values: dict[str, Any]) -> None:
+    if values["n_max_log2"] < values["n_min_log2"]:
+        raise ValueError(f"parameter 'n_max_log2' must be >= n_min_log2 ({values['n_min_log2']}), "
+                         f"got {values['n_max_log2']}")
+
+
+_POST_MODELS = ["Llama-3.1-8B", "Qwen3-8B", "Mistral-7B-v0.1", "gpt-oss-20b", "Llama-2-7B"]
+
+SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
+    Schema("01_sizing", [
+        Int("context", 131072, lo=0, post=131072, doc="tokens per sequence"),
+        Float("budget_gib", 24.0, lo=0.0, lo_open=True, post=24.0, doc="KV budget per GPU, GiB"),
+        Int("request_tokens", 8192, lo=1, post=8192, doc="tokens per request for the requests column"),
+        Custom("models", _POST_MODELS, _models(1), post=_POST_MODELS, allowed="model names in data/models"),
+        Custom("compare_models", ["Qwen3-30B-A3B", "Gemma-3-27B", "DeepSeek-V3", "Phi-3-mini-4k-instruct",
+                                  "Falcon-7B", "Qwen3-Next-80B-A3B", "Nemotron-H-8B", "Nemotron-3-Nano-30B-A3B",
+                                  "Jamba-v0.1"], _models(0), allowed="model names in data/models"),
+        Custom("plot_models", ["Llama-3.1-8B", "Mistral-7B-v0.1", "gpt-oss-20b", "Qwen3-Next-80B-A3B"],
+               _models(1), allowed="model names in data/models"),
+        StrList("plot_formats", ["bf16", "fp8_e4m3", "q8_0", "q4_0", "kivi2"], choices=formats.names),
+    ]),
+    Schema("02_axis_choice", [
+        Int("seed", 7, lo=0, post=7),
+        Int("n_tokens", 4096, lo=2, post=4096),
+        Int("head_dim", 128, lo=1, post=128),
+        IntList("bits", [8, 4, 2], lo=2, hi=16, post=[8, 4, 2]),
+        IntList("group_sizes", [16, 32, 128], lo=1),
+        FloatList("outlier_strengths", [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0], lo=0.0, lo_open=True),
+        Int("attn_trials", 3, lo=0),
+        Float("margin", 0.5),
+    ]),
+    Schema("03_needle_cliff", [
+        Int("seed", 7, lo=0, post=7),
+        Int("n_tokens", 4096, lo=2, post=4096),
+        Int("head_dim", 128, lo=1, post=128),
+        Int("trials", 200, lo=1, post=200),
+        Float("margin", 0.5, post=0.5),
+        Pairs("bit_pairs", [[8, 8], [4, 4], [3, 3], [2, 2]], lo=needle.MIN_BITS, hi=needle.MAX_BITS,
+              post=[[8, 8], [4, 4], [3, 3], [2, 2]]),
+        FloatList("sweep_margins", [0.1, 0.25, 0.5, 1.0, 2.0, 4.0], lo=0.0),
+        IntList("sweep_bits", [8, 6, 4, 3], lo=needle.MIN_BITS, hi=needle.MAX_BITS),
+        Int("sweep_trials", 30, lo=1),
+    ]),
+    Schema("04_accumulator_floor", [
+        IntList("n_tokens", [64, 256, 1024, 4096, 16384, 65536, 131072], lo=1, hi=2**26,
+                post=[64, 256, 1024, 4096, 16384, 65536, 131072]),
+        IntList("compare_n", [156, 1000, 3000], lo=1, hi=2**26, min_len=0),
+        Int("two_level_block", 128, lo=1),
+    ]),
+    Schema("04b_accumulation_beyond_flat", [
+        Int("seed", 0, lo=0),
+        Int("n_min_log2", 8, lo=1, hi=24),
+        Int("n_max_log2", 20, lo=1, hi=24),
+        StrList("formats", ["fp32", "bf16", "fp16"], item=_float_format),
+        StrList("strategies", ["flat", "two_level", "pairwise", "kahan", "hopper", "hopper_promoted"],
+                choices=list(accum.STRATEGIES[:4]) + ["hopper", "hopper_promoted"]),
+        Int("block", 128, lo=1),
+        Int("d", 4, lo=1, hi=256),
+        Float("needle_mass", 0.5, lo=0.0, hi=0.99),
+        IntList("flush_intervals", [1, 4, 64, 128, 256], lo=1),
+        Int("flush_n", 131072, lo=1, hi=2**24),
+        Int("tokens_per_step", 128, lo=32),
+        Int("deepseek_K", 4096, lo=32, hi=2**20),
+        Int("deepseek_trials", 200, lo=1, hi=10_000),
+    ], checks=[_n_range]),
+    Schema("05_vendor_table", [
+        Float("weights_gib", 4.68, lo=0.0, lo_open=True, post=4.68,
+              doc="the Q4_K_M weight file the post compares the 128k cache with"),
+    ]),
+    Schema("06_long_range_needle", [
+        Int("seed", 0, lo=0),
+        IntList("n_tokens", [4096, 32768, 131072], lo=2, hi=2**20),
+        FloatList("needle_weights", [0.1, 0.01], lo=0.0, hi=0.999, lo_open=True),
+        StrList("positions", ["middle"], choices=longrange.POSITIONS),
+        Int("head_dim", 64, lo=1, hi=512),
+        Str("structure", "post", choices=longrange.STRUCTURES),
+        Int("trials", 1, lo=1, hi=1000),
+        Custom("storage", ["none", "fp8_e4m3"], lambda n, v: longrange.check_storage(v, n)),
+        Custom("arithmetic", [["exact", "exact"], ["bf16", "fp32"], ["bf16", "bf16"], ["fp8_e4m3", "exact"],
+                              ["fp8_e4m3", "hopper"], ["fp8_e4m3", "hopper_promoted"]],
+               lambda n, v: longrange.check_arithmetic(v, n)),
+        StrList("denominators", ["fp32", "matched"], choices=longrange.DENOMINATORS),
+        Int("flush_n", 131072, lo=2, hi=2**20),
+        Custom("flush_accumulators", ["hopper", "two_level_128", "two_level_512", "two_level_8192"],
+               lambda n, v: longrange.check_accumulators(v, n)),
+        Int("storage_n", 32768, lo=2, hi=2**20),
+        Custom("storage_formats", ["none", "bf16", "fp8_e4m3", "q8_0", "q4_0", "kivi4", "kivi2", "q8_0/q4_0"],
+               lambda n, v: longrange.check_storage(v, n)),
+    ]),
+    Schema("07_real_kv", [
+        IntList("bits", [8, 4, 2], lo=2, hi=16),
+        Float("outlier_threshold", 3.0, lo=1.0, lo_open=True),
+        Float("majority", 0.5, lo=0.0, hi=0.99),
+        Bool("include_special", True),
+        Int("token_group", 32, lo=1),
+        Int("seed", 7, lo=0),
+        Int("synthetic_tokens", 4096, lo=2),
+        Int("synthetic_head_dim", 128, lo=1),
+        PathStr("data_path", "", doc="'' for the committed data/real_kv file"),
+    ]),
+]}
+
+
+def stems() -> list[str]:
+    return sorted(SCHEMAS)
+
+
+def get(stem: str) -> Schema:
+    """The schema of notebook ``stem`` (e.g. ``"03_needle_cliff"``; a leading ``"03"`` works too)."""
+    if stem in SCHEMAS:
+        return SCHEMAS[stem]
+    matches = [s for s in SCHEMAS if s.split("_", 1)[0] == stem]
+    if len(matches) == 1:
+        return SCHEMAS[matches[0]]
+    raise ValueError(f"unknown notebook {stem!r}; notebooks: {stems()}")
+
+
+def validate(stem: str, values: Mapping[str, Any]) -> Params:
+    """Validate a notebook's parameters (``values`` may be its ``globals()``)."""
+    return get(stem).validate(values)
