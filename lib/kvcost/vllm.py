@@ -1,0 +1,141 @@
+"""The KV cache vLLM (v1 engine) builds from a memory budget: blocks, tokens, and maximum concurrency.
+
+Rules (vLLM ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/v1/kv_cache_interface.py``; sources in
+``data/engine_logs/README.md``):
+
+- A page is one block of one layer: ``2 x block_size x kv_heads_per_rank x head_size x dtype bytes``
+  (MLA: ``block_size x (kv_lora_rank + qk_rope_head_dim) x dtype bytes``, no factor 2; vLLM's
+  ``fp8_ds_mla`` layout: ``block_size x 656`` bytes). ``kv_heads_per_rank = max(1, kv_heads // tp)``:
+  KV heads split over tensor parallelism, replicated when there are fewer than ranks.
+- One group of all layers when they share a spec: ``num_blocks = memory // page // layers``.
+  Full plus sliding-window layers (hybrid manager): layers are split into groups of equal size
+  (the smaller count, or the larger when it is under 1.5x the smaller), ``num_blocks = memory //
+  page // group_size`` shared by all groups.
+- Logged: ``GPU KV cache size: num_blocks // groups x block_size tokens`` and ``Maximum
+  concurrency for max_model_len tokens per request: num_blocks / blocks one request needs``, a
+  full group needing ``cdiv(max_model_len, block_size)`` blocks and a sliding group
+  ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block_size) + 1``.
+
+Standard library only.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .hfconfig import FULL, MLA, SLIDING, Geometry
+from .units import GIB
+
+__all__ = ["CACHE_DTYPES", "VllmPlan", "plan", "page_bytes"]
+
+#: --kv-cache-dtype -> bytes per value ("auto": the model dtype, bf16/fp16 = 2 bytes).
+CACHE_DTYPES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": None}
+FP8_DS_MLA_BYTES = 656      # 512 fp8 latent + 4 fp32 scales + 64 bf16 RoPE values per token per layer
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def page_bytes(g: Geometry, block_size: int = 16, tp: int = 1, kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one block of one attention layer on one tensor-parallel rank."""
+    if kv_cache_dtype not in CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype must be one of {', '.join(CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    if g.count(MLA):
+        assert g.mla_latent is not None
+        if kv_cache_dtype == "fp8_ds_mla":
+            return block_size * FP8_DS_MLA_BYTES
+        return block_size * g.mla_latent * CACHE_DTYPES[kv_cache_dtype]
+    if kv_cache_dtype == "fp8_ds_mla":
+        raise ValueError(f"--kv-cache-dtype fp8_ds_mla is vLLM's layout for MLA models (DeepSeek); {g.name} has no "
+                         f"MLA layers")
+    heads = max(1, g.kv_heads // tp)
+    return block_size * heads * (g.head_dim + g.v_head_dim) * CACHE_DTYPES[kv_cache_dtype]
+
+
+@dataclass(frozen=True)
+class VllmPlan:
+    """What vLLM logs for a KV budget (see :func:`plan`)."""
+
+    model: str
+    kv_memory_gib: float
+    tp: int
+    block_size: int
+    kv_cache_dtype: str
+    max_model_len: int
+    max_num_batched_tokens: int
+    kv_heads_per_rank: int
+    page_bytes: int
+    groups: tuple[str, ...]
+    group_size: int
+    num_blocks: int
+    kv_tokens: int
+    blocks_per_request: int
+    max_concurrency: float
+    warnings: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(groups=list(self.groups), warnings=list(self.warnings), engine="vllm",
+                 log_lines=[f"GPU KV cache size: {self.kv_tokens:,} tokens",
+                            f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
+                            f"{self.max_concurrency:.2f}x"])
+        return d
+
+
+def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, max_model_len: int | None = None,
+         kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 2048,
+         kv_memory_bytes: int | None = None) -> VllmPlan:
+    """Blocks, tokens and concurrency vLLM reports for ``kv_memory_gib`` GiB of KV cache per GPU.
+
+    ``max_model_len`` defaults to the config's ``max_position_embeddings``. ``kv_memory_bytes``
+    overrides the GiB figure with an exact byte count (vLLM logs the budget rounded to 0.01 GiB).
+    """
+    for name, value in (("--tp", tp), ("--block-size", block_size), ("--max-num-batched-tokens", max_num_batched_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if kv_memory_bytes is None:
+        if isinstance(kv_memory_gib, bool) or not isinstance(kv_memory_gib, (int, float)) or not kv_memory_gib > 0:
+            raise ValueError(f"--kv-memory-gib must be a positive number, got {kv_memory_gib!r}")
+        kv_memory_bytes = int(kv_memory_gib * GIB)
+    if max_model_len is None:
+        if g.max_position_embeddings is None:
+            raise ValueError("--max-model-len is needed: the config has no max_position_embeddings")
+        max_model_len = g.max_position_embeddings
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
+        raise ValueError(f"--max-model-len must be a positive integer, got {max_model_len!r}")
+    warnings = []
+    if g.max_position_embeddings is not None and max_model_len > g.max_position_embeddings:
+        warnings.append(f"--max-model-len {max_model_len:,} exceeds max_position_embeddings "
+                        f"{g.max_position_embeddings:,} of {g.name} (vLLM refuses it unless allowed explicitly)")
+    if g.kv_heads < tp and not g.count(MLA):
+        warnings.append(f"{g.kv_heads} KV heads over TP {tp}: each rank keeps a replica of one KV head")
+    if g.state_layers:
+        warnings.append(f"{g.name} has {g.state_layers} Mamba / linear-attention layers: vLLM pads attention pages "
+                        f"to the state's page size, which is not modelled here (tokens are an upper bound)")
+    page = page_bytes(g, block_size, tp, kv_cache_dtype)
+    counts = {kind: g.count(kind) for kind in (FULL, MLA, SLIDING) if g.count(kind)}
+    if not counts:
+        raise ValueError(f"{g.name} has no attention layers: vLLM keeps no KV cache for it")
+    lo, hi = min(counts.values()), max(counts.values())
+    group_size = hi if len(counts) == 1 or hi < 1.5 * lo else lo
+    groups: list[str] = []
+    for kind, n in counts.items():
+        groups += [kind] * _cdiv(n, group_size)
+    num_blocks = max(0, kv_memory_bytes // page // group_size)
+    kv_tokens = num_blocks // len(groups) * block_size
+
+    def blocks_needed(kind: str) -> int:
+        if kind == SLIDING:
+            assert g.window is not None
+            return _cdiv(min(g.window - 1 + max_num_batched_tokens, max_model_len), block_size) + 1
+        return _cdiv(max_model_len, block_size)
+
+    per_request = sum(blocks_needed(k) for k in groups)
+    concurrency = num_blocks / per_request
+    if concurrency < 1:
+        warnings.append(f"does not fit: one request of {max_model_len:,} tokens needs {per_request:,} blocks, "
+                        f"the budget holds {num_blocks:,} (vLLM refuses to start)")
+    return VllmPlan(g.name, kv_memory_bytes / GIB, tp, block_size, kv_cache_dtype, max_model_len,
+                    max_num_batched_tokens, 1 if g.count(MLA) else max(1, g.kv_heads // tp), page, tuple(groups),
+                    group_size, num_blocks, kv_tokens, per_request, concurrency, tuple(warnings))

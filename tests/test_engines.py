@@ -1,0 +1,84 @@
+"""Engine-exact sizing: llama.cpp's KV buffers and vLLM's block pool against real log lines."""
+import pytest
+
+from kvcost import engine_logs, llamacpp, models, vllm
+from kvcost.units import GIB, MIB
+
+
+@pytest.mark.parametrize("row", engine_logs.llamacpp_rows(), ids=lambda r: r["id"])
+def test_llamacpp_log_lines(row) -> None:
+    res = engine_logs.check_llamacpp(row)
+    assert res["agrees"] == (row["expect"] == "explained"), (res["predicted"], row["log_line"])
+
+
+@pytest.mark.parametrize("row", engine_logs.vllm_rows(), ids=lambda r: r["id"])
+def test_vllm_log_lines(row) -> None:
+    res = engine_logs.check_vllm(row)
+    assert res["agrees"] == (row["expect"] == "explained"), (res.get("predicted"), row["log_line"])
+    if row["expect"] != "explained":
+        assert len(row["note"]) > 40                      # every unexplained line says why
+
+
+def test_enough_real_lines_with_sources() -> None:
+    ll, vl = engine_logs.llamacpp_rows(), engine_logs.vllm_rows()
+    assert len(ll) >= 12 and len(vl) >= 10
+    assert all(r["source"] and r["log_line"] for r in ll + vl)
+
+
+def test_llamacpp_padding_and_streams() -> None:
+    g = models.load_model("Llama-3.1-8B")
+    a = llamacpp.allocate(g, 35000)
+    assert a.cells == 35072 and a.n_ctx_padded == 35072                  # GGML_PAD(n_ctx, 256)
+    a4 = llamacpp.allocate(g, 8192, n_seq=4)
+    assert a4.cells == 2048 and a4.buffers[0].streams == 4               # non-unified: n_ctx / n_seq per stream
+    assert llamacpp.allocate(g, 1000, n_seq=3).cells == 512             # pad(1024 / 3 = 341, 256)
+    u = llamacpp.allocate(g, 8192, n_seq=4, kv_unified=True)
+    assert u.cells == 8192 and u.kv_bytes == a4.kv_bytes
+    assert llamacpp.allocate(g, 1000, version="legacy", flash_attn=False).cells == 1024   # pad 32
+    assert llamacpp.allocate(g, 1000, version="legacy", flash_attn=True).cells == 1024
+
+
+def test_llamacpp_swa_rules() -> None:
+    g = models.load_model("gpt-oss-20b")
+    a = llamacpp.allocate(g, 131072)
+    swa = next(b for b in a.buffers if b.cache == "swa")
+    assert swa.cells == 768                                              # pad(128 + 512, 256)
+    full = llamacpp.allocate(g, 131072, swa_full=True)
+    assert next(b for b in full.buffers if b.cache == "swa").cells == 131072
+    unified = llamacpp.allocate(g, 131072, n_seq=4, kv_unified=True)
+    assert next(b for b in unified.buffers if b.cache == "swa").cells == 1024   # pad(128 x 4 + 512, 256)
+    q = llamacpp.allocate(g, 131072, "q8_0", swa_f16=True)
+    assert next(b for b in q.buffers if b.cache == "swa").type_k == "f16"
+
+
+def test_llamacpp_mla_latent_and_recurrent_state() -> None:
+    d = llamacpp.allocate(models.load_model("DeepSeek-V3"), 4096)
+    assert d.buffers[0].v_bytes == 0 and d.kv_bytes == 61 * 4096 * 576 * 2
+    n = llamacpp.allocate(models.load_model("Nemotron-3-Nano-30B-A3B"), 4096, n_seq=2)
+    rec = next(b for b in n.buffers if b.cache == "recurrent")
+    assert rec.cells == 2 and rec.type_k == "f32"
+
+
+def test_cpu_fallback_warning() -> None:
+    assert llamacpp.cpu_fallback_warnings("q8_0", "q8_0") == []
+    assert "CPU" in llamacpp.cpu_fallback_warnings("q8_0", "q4_0")[0]
+    assert llamacpp.cpu_fallback_warnings("q5_1", "q5_1")
+
+
+def test_vllm_rules() -> None:
+    g = models.load_model("Llama-3.1-8B")
+    p = vllm.plan(g, 20.0, max_model_len=131072)
+    assert p.page_bytes == 16 * 8 * 256 * 2 and p.num_blocks == 20 * GIB // p.page_bytes // 32
+    assert p.kv_tokens == p.num_blocks * 16 and p.max_concurrency == p.num_blocks / 8192
+    tp16 = vllm.plan(g, 20.0, tp=16, max_model_len=131072)                # 8 KV heads < 16 ranks: replicated
+    assert tp16.kv_heads_per_rank == 1 and tp16.warnings
+    o = vllm.plan(models.load_model("gpt-oss-20b"), 20.0)
+    assert o.groups == ("full", "sliding") and o.kv_tokens == o.num_blocks // 2 * 16
+    assert o.blocks_per_request == 8192 + (-(-(128 - 1 + 2048) // 16) + 1)
+    ds = models.load_model("DeepSeek-V3")
+    assert vllm.page_bytes(ds, 16, kv_cache_dtype="fp8_ds_mla") == 16 * 656
+    assert vllm.page_bytes(ds, 16, kv_cache_dtype="fp8") == 16 * 576
+    with pytest.raises(ValueError, match="--kv-cache-dtype"):
+        vllm.page_bytes(g, 16, kv_cache_dtype="int3")
+    assert vllm.plan(g, 0.5, max_model_len=131072).warnings[-1].startswith("does not fit")
+    assert MIB
