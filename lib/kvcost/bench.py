@@ -112,6 +112,32 @@ def bench_needle_table() -> list[BenchResult]:
                         f"serial {t_serial:.2f} s; flips {'identical' if same else 'DIFFERENT'}")]
 
 
+@register
+def bench_tensorcore_dot() -> list[BenchResult]:
+    """FP8 tensor-core emulation: tensorcore.dot (compiled) vs dot_reference (the same arithmetic
+    in plain numpy, vectorized over columns), e4m3 operands. Long dot products (a decode row's
+    P.V, 131,072 terms) must be >= 20x faster; wide ones (8,192 terms x 256 columns, where numpy
+    vectorizes well) are reported against a bar of 1x."""
+    from . import floats, tensorcore
+    rng = np.random.default_rng(0)
+    a = floats.round_to(rng.random((8192, 256)) * 4, "fp8_e4m3")
+    b = floats.round_to(rng.standard_normal((8192, 256)), "fp8_e4m3")
+    a1 = floats.round_to(rng.random(131_072) * 256, "fp8_e4m3")
+    b1 = floats.round_to(rng.standard_normal(131_072), "fp8_e4m3")
+    tensorcore.dot(a[:64, :2], b[:64, :2])              # warm-up (compile / cache load)
+    rows = []
+    for label, x, y, bar in (("131072 terms x 1 column", a1, b1, 20.0), ("8192 terms x 256 columns", a, b, 1.0)):
+        for promote in (None, 128):
+            t_ref, r_ref = _best_of(lambda x=x, y=y, pr=promote: tensorcore.dot_reference(x, y, promote_every=pr), 1)
+            t_fast, r_fast = _best_of(lambda x=x, y=y, pr=promote: tensorcore.dot(x, y, promote_every=pr), 3)
+            same = bool(np.array_equal(r_fast, r_ref))
+            ratio = t_ref / t_fast
+            rows.append(BenchResult(f"tensorcore.dot e4m3 {label} (promote {promote}) vs numpy", t_fast, ratio,
+                                    "x faster", bar, same and ratio >= bar,
+                                    f"numpy {t_ref:.3f} s; results {'identical' if same else 'DIFFERENT'}"))
+    return rows
+
+
 def run(benchmarks: list[Callable[[], list[BenchResult]]] | None = None) -> pd.DataFrame:
     """Run the benchmarks (default: all registered) and return the table."""
     rows = []

@@ -1,0 +1,177 @@
+"""kvcost.tensorcore: the FP8 tensor-core instruction, with exact expected values and an exact
+rational reference."""
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvcost import floats, tensorcore
+
+SET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ------------------------------------------------------------------ exact rational reference
+def _floor_log2(x: Fraction) -> int:
+    e = x.numerator.bit_length() - x.denominator.bit_length()
+    while Fraction(2) ** e > x:
+        e -= 1
+    while Fraction(2) ** (e + 1) <= x:
+        e += 1
+    return e
+
+
+def _cut(t: Fraction, q: Fraction, nearest: bool) -> Fraction:
+    y = t / q
+    if not nearest:
+        n = abs(y.numerator) // y.denominator
+        return (n if y >= 0 else -n) * q
+    return round(y) * q          # Python rounds Fractions half to even
+
+
+def _trunc_to(x: Fraction, man: int, emin: int) -> Fraction:
+    if x == 0:
+        return x
+    e = max(_floor_log2(abs(x)), emin)
+    return _cut(x, Fraction(2) ** (e - man), False)
+
+
+def _rn_fp32(x: Fraction) -> Fraction:
+    return Fraction(floats.round_pair(np.float64(float(x)), np.float64(float(x - Fraction(float(x)))), "fp32"))
+
+
+def mma_exact(c: float, prods: list[float], frac_bits: int = 13, rounding: str = "toward_zero",
+              out: str = "e8m13") -> Fraction:
+    terms = [Fraction(c)] + [Fraction(p) for p in prods]
+    mx = max(abs(t) for t in terms)
+    if mx == 0:
+        return Fraction(0)
+    q = Fraction(2) ** (_floor_log2(mx) - frac_bits)
+    s = sum(_cut(t, q, rounding == "nearest") for t in terms)
+    if out == "exact":
+        return s
+    if out == "fp32":
+        return _rn_fp32(s)
+    return _trunc_to(s, int(out[3:]), -126)
+
+
+# ------------------------------------------------------------------ exact expected values
+def test_probe_sageattention2_zero_inputs_zero_low_10_bits():
+    rng = np.random.default_rng(0)
+    c = rng.standard_normal(64).astype(np.float32).astype(np.float64)
+    got = tensorcore.mma(c, np.zeros((32, 64)))
+    expect = (c.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFFC00)).view(np.float32).astype(np.float64)
+    assert np.array_equal(got, expect)
+    assert not np.array_equal(got, c)          # some low bits were set and are now gone
+
+
+def test_product_2_pow_minus_13_kept_2_pow_minus_14_lost():
+    assert tensorcore.mma([1.0], [[2.0 ** -13]])[0] == 1.0 + 2.0 ** -13
+    assert tensorcore.mma([1.0], [[2.0 ** -14]])[0] == 1.0
+    # nearest cuts 2^-14 (half a quantum) to even: lost too; 3 * 2^-15 goes up
+    assert tensorcore.mma([1.0], [[2.0 ** -14]], rounding="nearest")[0] == 1.0
+    assert tensorcore.mma([1.0], [[3 * 2.0 ** -15]], rounding="nearest")[0] == 1.0 + 2.0 ** -13
+
+
+def test_negative_term_below_grid_dropped_toward_zero():
+    assert tensorcore.mma([1.0], [[-2.0 ** -14]])[0] == 1.0          # not 1 - 2^-13 (floor would)
+    assert tensorcore.mma([1.0], [[-2.0 ** -13]])[0] == 1.0 - 2.0 ** -13
+    # the cut happens on each term, not on the sum: 32 terms of 2^-14 vanish one by one
+    assert tensorcore.mma([1.0], np.full((32, 1), 2.0 ** -14))[0] == 1.0
+    assert tensorcore.mma([1.0], np.full((32, 1), 2.0 ** -14), out="exact")[0] == 1.0
+
+
+def test_sum_truncated_to_e8m13():
+    # 2^14 - 1 + 2^13 products... a sum that needs 15 bits: the last is truncated
+    c = 2.0 ** 13 + 1.0                         # 14 significant bits: exact on the grid at emax = 13
+    got = tensorcore.mma([c], [[2.0 ** 13]])[0]
+    assert got == 2.0 ** 14                     # exact 2^14 + 1 truncated to 13 fraction bits
+    assert tensorcore.mma([c], [[2.0 ** 13]], out="exact")[0] == 2.0 ** 14 + 1.0
+    assert tensorcore.mma([c], [[2.0 ** 13]], out="fp32")[0] == 2.0 ** 14 + 1.0
+
+
+def test_adding_ones_stalls_at_2_pow_14_promotion_does_not():
+    n = 20_000
+    ones = np.ones(n)
+    assert tensorcore.dot(ones, ones) == 2.0 ** 14
+    assert tensorcore.dot(ones, ones, promote_every=128) == float(n)
+    assert tensorcore.dot(ones[:16_384], ones[:16_384]) == 16_384.0    # exact up to the stall
+    # the stall is at 2^(frac_bits + 1): a 10-bit unit stops at 2^11
+    assert tensorcore.dot(ones, ones, frac_bits=10, out="e8m10") == 2.0 ** 11
+
+
+def test_dot_starts_from_c_and_chains():
+    a = np.ones(64)
+    assert tensorcore.dot(a, a, c=1.0) == 65.0
+    assert tensorcore.dot(a, a, c=2.0 ** 20) == 2.0 ** 20     # ones below 2^(20-13): dropped
+    # with promotion c sits in the fp32 register and the ones add from zero
+    assert tensorcore.dot(a, a, c=2.0 ** 20, promote_every=32) == 2.0 ** 20 + 64
+
+
+def test_bad_arguments_name_the_parameter():
+    with pytest.raises(ValueError, match="'out'"):
+        tensorcore.mma([1.0], [[1.0]], out="bf16")
+    with pytest.raises(ValueError, match="'rounding'"):
+        tensorcore.mma([1.0], [[1.0]], rounding="up")
+    with pytest.raises(ValueError, match="'frac_bits'"):
+        tensorcore.mma([1.0], [[1.0]], frac_bits=0)
+    with pytest.raises(ValueError, match="'promote_every'"):
+        tensorcore.dot(np.ones(4), np.ones(4), promote_every=48)
+    with pytest.raises(ValueError, match="'products'"):
+        tensorcore.mma([1.0, 2.0], [[1.0]])
+    with pytest.raises(ValueError, match="'a' and 'b'"):
+        tensorcore.dot(np.ones(4), np.ones(5))
+
+
+def test_nan_and_inf_propagate():
+    assert math.isnan(tensorcore.mma([1.0], [[math.nan]])[0])
+    assert tensorcore.mma([1.0], [[math.inf]])[0] == math.inf
+
+
+# ------------------------------------------------------------------ against exact rationals
+fp8 = st.sampled_from(sorted({float(v) for v in floats.round_to(np.linspace(-448, 448, 4001), "fp8_e4m3")}
+                             | {float(v) for v in floats.round_to(np.geomspace(2 ** -9, 448, 300), "fp8_e4m3")}))
+
+
+@SET
+@given(c=st.floats(-1e4, 1e4, allow_nan=False, width=32), a=st.lists(fp8, min_size=1, max_size=32),
+       b=st.lists(fp8, min_size=32, max_size=32), fb=st.integers(4, 16),
+       rounding=st.sampled_from(["toward_zero", "nearest"]), out=st.sampled_from(["e8m13", "fp32", "exact", "e8m8"]))
+def test_mma_matches_exact_rationals(c, a, b, fb, rounding, out):
+    prods = [x * y for x, y in zip(a, b)]
+    got = tensorcore.mma([c], np.array(prods)[:, None], frac_bits=fb, rounding=rounding, out=out)[0]
+    assert Fraction(got) == mma_exact(c, prods, fb, rounding, out)
+
+
+@SET
+@given(a=st.lists(fp8, min_size=1, max_size=200), seed=st.integers(0, 10),
+       promote=st.sampled_from([None, 32, 64]), k=st.sampled_from([32, 16]))
+def test_dot_matches_chained_exact_rationals_and_numpy_reference(a, seed, promote, k):
+    rng = np.random.default_rng(seed)
+    aa = np.array(a)
+    bb = floats.round_to(rng.standard_normal(len(a)) * 4, "fp8_e4m3")
+    if promote is not None and promote % k:
+        return
+    got = tensorcore.dot(aa, bb, k=k, promote_every=promote)
+    assert got == tensorcore.dot_reference(aa, bb, k=k, promote_every=promote)
+    # the chain, term by term, in exact rationals
+    reg, tc, since = Fraction(0), Fraction(0), 0
+    for i0 in range(0, len(a), k):
+        prods = list(aa[i0:i0 + k] * bb[i0:i0 + k])
+        tc = mma_exact(float(tc), prods)
+        since += len(prods)
+        if promote and (since >= promote or i0 + k >= len(a)):
+            reg = _rn_fp32(reg + tc)
+            tc, since = Fraction(0), 0
+    assert Fraction(got) == (reg if promote else tc)
+
+
+def test_dot_columns_equal_reference_and_are_independent():
+    rng = np.random.default_rng(1)
+    a = floats.round_to(rng.standard_normal((333, 7)), "fp8_e4m3")
+    b = floats.round_to(rng.random((333, 7)) * 3, "fp8_e4m3")
+    got = tensorcore.dot(a, b, promote_every=64)
+    assert np.array_equal(got, tensorcore.dot_reference(a, b, promote_every=64))
+    assert all(got[j] == tensorcore.dot(a[:, j], b[:, j], promote_every=64) for j in range(7))
