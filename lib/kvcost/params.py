@@ -137,6 +137,14 @@ class _Param:
         return f"{type(self).__name__}({self.name!r}, {self.default!r})"
 
 
+def _open_range_text(lo: float | None, hi: float | None, lo_open: bool) -> str:
+    if lo is None and hi is None:
+        return ""
+    if lo_open and lo is not None:
+        return f"> {lo}" + (f" and <= {hi}" if hi is not None else "")
+    return _range_text(lo, hi)
+
+
 def _choices(choices: Any) -> list[Any] | None:
     if choices is None:
         return None
@@ -165,7 +173,7 @@ class Float(_Param):
         return check_float(self.name, value, self.lo, self.hi, lo_open=self.lo_open)
 
     def allowed(self) -> str:
-        return f"number {'> ' + str(self.lo) if self.lo_open and self.hi is None else _range_text(self.lo, self.hi)}"
+        return f"number {_open_range_text(self.lo, self.hi, self.lo_open)}".rstrip()
 
 
 class Bool(_Param):
@@ -230,7 +238,7 @@ class FloatList(_Param):
                 for i, v in enumerate(value)]
 
     def allowed(self) -> str:
-        return f"list of numbers {_range_text(self.lo, self.hi)}"
+        return f"list of numbers {_open_range_text(self.lo, self.hi, self.lo_open)}".rstrip()
 
 
 class StrList(_Param):
