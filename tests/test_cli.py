@@ -44,12 +44,81 @@ def test_config_path(tmp_path, capsys) -> None:
     assert json.loads(capsys.readouterr().out)["cache_bytes"] == 2 * 2 * 4 * 64 * 2 * 10
 
 
-def test_errors_exit_2(capsys) -> None:
+def test_errors_exit_2_with_one_line_naming_the_flag(capsys, tmp_path) -> None:
     assert cli.main(["size", "No-Such-Model"]) == 2
     assert "known models" in capsys.readouterr().err
     assert cli.main(["size", "Qwen3-8B", "--dtype", "q9"]) == 2
-    assert cli.main(["size", "Qwen3-8B", "--context", "-5"]) == 2
-    assert "'context'" in capsys.readouterr().err
+    assert "--dtype" in capsys.readouterr().err
+    for bad in (["--context", "-5"], ["--context", "0"], ["--request-tokens", "0", "--budget-gib", "1"]):
+        assert cli.main(["size", "Qwen3-8B", *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error:") and bad[0] in err
+    assert cli.main(["size", "Qwen3-8B", "--request-tokens", "8192"]) == 2
+    err = capsys.readouterr().err
+    assert "--request-tokens needs --budget-gib" in err and "'" + "budget_gib'" not in err
+    assert cli.main(["size", "nope/config.json"]) == 2
+    assert "file not found" in capsys.readouterr().err
+    assert cli.main(["size", "someorg/Some-Model-7B"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model" in err and "config.json" in err
+    bad = tmp_path / "config.json"
+    bad.write_bytes(b"\xff\xfe{not utf-8")
+    assert cli.main(["size", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "UTF-8" in err
+
+
+def test_contexts_with_suffixes() -> None:
+    assert cli.parse_tokens("128k") == 131072 and cli.parse_tokens("1M") == 1048576 and cli.parse_tokens("4096") == 4096
+
+
+def test_warnings_beyond_max_context_and_does_not_fit(capsys) -> None:
+    assert cli.main(["size", "gpt-oss-20b", "--budget-gib", "24", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["max_context"] == 131072 and out["max_context_memory"] > 131072 and out["warnings"]
+    assert cli.main(["size", "Llama-3.1-8B", "--context", "128k", "--budget-gib", "10"]) == 0
+    cap = capsys.readouterr()
+    assert "does not fit" in cap.err and "(does not fit)" in cap.out
+
+
+def test_hybrid_growth_mla_latent_and_fp8_ds_mla(capsys) -> None:
+    assert cli.main(["size", "gpt-oss-20b", "--context", "128k", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bytes_per_token"] == 24 * 2048 and out["bytes_per_token_past_windows"] == 12 * 2048
+    assert cli.main(["size", "DeepSeek-V3", "--context", "1k", "--dtype", "fp8_ds_mla", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cache_bytes"] == 61 * 1024 * 656 and out["breakdown"][0]["latent_bytes"] == 61 * 1024 * 656
+    assert cli.main(["size", "DeepSeek-V3", "--context", "1k"]) == 0
+    assert "latent bytes" in capsys.readouterr().out
+
+
+def test_cpu_fallback_warning_for_mixed_kv(capsys) -> None:
+    assert cli.main(["size", "Qwen3-8B", "--context", "32k", "--dtype", "q8_0", "--v-dtype", "q4_0"]) == 0
+    assert "CPU" in capsys.readouterr().err
+
+
+def test_engine_llamacpp_and_vllm_json(capsys) -> None:
+    assert cli.main(["size", "gpt-oss-20b", "--context", "4096", "--dtype", "f16", "--engine", "llama.cpp",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cells"] == 4096 and out["kv_mib"] == 96 + 18
+    assert cli.main(["size", "Llama-3.1-8B", "--context", "35000", "--engine", "llama.cpp", "--n-seq", "1",
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cells"] == 35072
+    assert cli.main(["plan", "Qwen3-32B", "--engine", "vllm", "--kv-memory-gib", "8.22", "--tp", "2",
+                     "--max-model-len", "32768", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_tokens"] == 8.22 * 2**30 // (16 * 4 * 256 * 2 * 64) * 16 and out["max_concurrency"] > 2
+
+
+def test_fleet_plan(capsys) -> None:
+    assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H100-80GB", "--context", "128k", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["dtype"]: r for r in out["rows"]}
+    assert rows["bf16"]["requests"] == 3 and rows["q4_0"]["requests"] == 12
+    assert all(r["accuracy"] == "not measured" for r in out["rows"])
+    assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H999"]) == 2
+    assert "--gpu" in capsys.readouterr().err
 
 
 def test_models_and_formats_lists(capsys) -> None:

@@ -1,56 +1,95 @@
-"""Command line: ``python -m kvcost size CONFIG_OR_MODEL --context N --dtype FMT ...``.
+"""Command line: ``python -m kvcost size|plan|models|formats``.
 
-Subcommands:
+- ``size MODEL``  the KV cache of one model at one context (engine-independent, or exactly as
+  llama.cpp allocates it with ``--engine llama.cpp``)
+- ``plan MODEL``  vLLM's block pool for a KV budget (``--engine vllm --kv-memory-gib X``), or a
+  fleet plan on catalogued GPUs (``--gpu H100-80GB``) with every KV format side by side
+- ``models`` / ``formats``  what kvcost knows
 
-- ``size``     a capacity plan for one model (a name from ``data/models``, a Hugging Face
-               repo id listed there, or a path to a ``config.json`` / a folder holding one)
-- ``models``   the model records kvcost knows
-- ``formats``  the storage formats and their true bits per value
-
-Only the standard library and :mod:`kvcost.sizing` / :mod:`kvcost.formats` are imported,
-so an answer takes well under a second.
+MODEL is a name from ``data/models`` (or a Hugging Face repo id listed there) or a path to a
+``config.json`` (or its folder). Contexts accept ``131072``, ``128k`` or ``1M``. Bad input stops
+with one ``error:`` line naming the flag and exit code 2. Standard library only (fast).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
-from . import formats, models, sizing
+from . import fleet, formats, llamacpp, models, sizing, vllm
+from .units import GIB, KIB, MIB
 
-__all__ = ["main", "build_parser", "format_plan"]
+__all__ = ["main", "build_parser", "format_plan", "parse_tokens"]
+
+_SUFFIX = {"": 1, "k": 1024, "m": 1024 ** 2}
+_FLAG_OF = {"context": "--context", "dtype": "--dtype", "v_dtype": "--v-dtype", "budget_gib": "--budget-gib",
+            "request_tokens": "--request-tokens", "state_dtype": "--state-dtype", "requests": "--requests"}
+
+
+def parse_tokens(text: str) -> int:
+    """A token count: ``131072``, ``128k`` (x1024) or ``1M`` (x1024^2); at least 1."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmM]?)\s*", str(text))
+    if not m:
+        raise argparse.ArgumentTypeError(f"must be a whole number of tokens such as 131072, 128k or 1M, got {text!r}")
+    n = int(m.group(1)) * _SUFFIX[m.group(2).lower()]
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 token, got {text!r}")
+    return n
+
+
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not x > 0 or x != x or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return x
+
+
+def _positive_int(text: str) -> int:
+    if not re.fullmatch(r"\s*\d+\s*", str(text)) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:                 # one line, exit 2
+        self.exit(2, f"error: {message}\n")
 
 
 def _bytes(n: float | int | None) -> str:
-    """Human-readable binary size: B, KiB, MiB, GiB, TiB."""
     if n is None:
         return "n/a"
     n = float(n)
-    for unit, scale in (("TiB", 1024 ** 4), ("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+    for unit, scale in (("TiB", 1024 * GIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if abs(n) >= scale:
             return f"{n / scale:,.3f} {unit}"
     return f"{n:,.0f} B"
 
 
-def _geometry(target: str) -> sizing.Geometry:
-    return models.resolve(target)
+def _flags(message: str) -> str:
+    """Library messages name Python parameters; the command line names its flags."""
+    for param, flag in _FLAG_OF.items():
+        message = message.replace(f"parameter {param!r}", flag).replace(f"{param!r}", flag)
+    return message
 
 
 def format_plan(p: sizing.Plan) -> str:
     """The readable table ``kvcost size`` prints."""
     fmt_label = p.dtype if p.dtype == p.v_dtype else f"K {p.dtype} / V {p.v_dtype}"
-    rows = [
-        ("model", p.model),
-        ("layers", p.summary),
-        ("format", f"{fmt_label} ({formats.bits_per_value(p.dtype):g}"
-                   + ("" if p.dtype == p.v_dtype else f" / {formats.bits_per_value(p.v_dtype):g}")
-                   + " bits per value)"),
-        ("per token", f"{_bytes(p.bytes_per_token)} while every KV layer holds it"),
-        (f"cache at {p.context:,} tokens", _bytes(p.cache_bytes)),
-        ("  post's formula would say", _bytes(p.naive_cache_bytes)
-         + (f"  ({p.naive_cache_bytes / p.cache_bytes:.2f}x)" if p.cache_bytes else "")),
-    ]
+    mla = any(r["kind"] == "mla" for r in p.breakdown)
+    rows = [("model", p.model), ("layers", p.summary), ("format", fmt_label)]
+    rows.append(("per token", f"{_bytes(p.bytes_per_token)} while every KV layer holds it"))
+    if p.bytes_per_token_past_windows != p.bytes_per_token:
+        rows.append(("per token past the windows", f"{_bytes(p.bytes_per_token_past_windows)} (only full-attention "
+                     f"layers keep growing)"))
+    rows += [(f"cache at {p.context:,} tokens", _bytes(p.cache_bytes)),
+             ("  post's formula would say", _bytes(p.naive_cache_bytes)
+              + (f"  ({p.naive_cache_bytes / p.cache_bytes:.2f}x)" if p.cache_bytes else ""))]
     if p.state_bytes:
         rows.append(("recurrent state per sequence", f"{_bytes(p.state_bytes)} ({p.state_dtype}, constant)"))
     elif p.state_bytes is None:
@@ -59,39 +98,92 @@ def format_plan(p: sizing.Plan) -> str:
         rows.append(("shared scales", _bytes(p.shared_bytes)))
     if p.budget_gib is not None:
         rows.append((f"requests of {p.request_tokens:,} tokens in {p.budget_gib:g} GiB",
-                     "n/a" if p.requests is None else f"{p.requests:,}"))
-        rows.append((f"longest context in {p.budget_gib:g} GiB",
-                     "unbounded (every KV layer is windowed)" if p.max_context_unbounded
-                     else f"{p.max_context:,} tokens"))
+                     f"{p.requests:,}" + ("  (does not fit)" if p.requests == 0 else "")))
+        longest = "unbounded by memory (every KV layer is windowed)" if p.max_context_unbounded else \
+            f"{p.max_context_memory:,} tokens"
+        if p.max_context is not None and p.max_context != p.max_context_memory:
+            longest += f"; the model is trained to {p.max_context:,}"
+        rows.append((f"longest context in {p.budget_gib:g} GiB", longest))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     lines.append("")
-    lines.append(f"{'layer kind':<10} {'layers':>6} {'tokens held':>12} {'K bytes':>16} {'V bytes':>16}")
-    for r in p.breakdown:
-        lines.append(f"{r['kind']:<10} {r['layers']:>6} {r['tokens']:>12,} {_bytes(r['k_bytes']):>16} "
-                     f"{_bytes(r['v_bytes']):>16}")
+    if mla:
+        lines.append(f"{'layer kind':<10} {'layers':>6} {'tokens held':>12} {'latent bytes':>16}")
+        for r in p.breakdown:
+            lines.append(f"{r['kind']:<10} {r['layers']:>6} {r['tokens']:>12,} {_bytes(r['latent_bytes']):>16}")
+    else:
+        lines.append(f"{'layer kind':<10} {'layers':>6} {'tokens held':>12} {'K bytes':>16} {'V bytes':>16}")
+        for r in p.breakdown:
+            lines.append(f"{r['kind']:<10} {r['layers']:>6} {r['tokens']:>12,} {_bytes(r['k_bytes']):>16} "
+                         f"{_bytes(r['v_bytes']):>16}")
     for n in p.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)
 
 
+def _format_alloc(a: llamacpp.Allocation) -> str:
+    lines = [f"llama.cpp KV cache of {a.model}: -c {a.n_ctx} (padded {a.n_ctx_padded}), {a.n_seq} sequence(s)"
+             + (", unified" if a.kv_unified else "") + (", --swa-full" if a.swa_full else "")]
+    lines += [b.log_line() for b in a.buffers]
+    lines.append(f"KV buffers: {a.kv_bytes / MIB:,.2f} MiB" + (f"; recurrent state {a.recurrent_bytes / MIB:,.2f} MiB"
+                                                                if a.recurrent_bytes else ""))
+    return "\n".join(lines)
+
+
+def _format_fleet(f: fleet.Fleet) -> str:
+    lines = [f"{f.model} on {f.gpus} x {f.gpu} ({f.gpu_basis}), tp {f.tp}, {f.replicas} replica(s), "
+             f"utilization {f.utilization:g}",
+             f"weights {f.weights_gib:.2f} GiB ({f.weights_source})",
+             f"reserve {f.reserve_gib:g} GiB per GPU for activations and workspace; KV budget "
+             f"{f.kv_budget_gib_per_gpu:.2f} GiB per GPU", "",
+             f"{'K/V format':<20} {'bits':>5} {'KiB/token':>10} {'tokens':>12} {'requests':>9} "
+             f"{'longest ctx':>12}  accuracy at {f.context:,} tokens"]
+    for r in f.rows:
+        lc = "n/a" if r.longest_context is None else f"{r.longest_context:,}"
+        lines.append(f"{r.dtype + '/' + r.v_dtype:<20} {r.bits_per_value:>5.2f} {r.kib_per_token:>10.2f} "
+                     f"{r.kv_tokens:>12,} {r.requests:>9,} {lc:>12}  {r.accuracy}")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
-    ap = argparse.ArgumentParser(prog="python -m kvcost",
-                                 description="KV-cache sizing and capacity planning from model configs.")
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = _Parser(prog="python -m kvcost", description="KV-cache sizing and capacity planning from model configs.")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     s = sub.add_parser("size", help="size the KV cache of one model")
-    s.add_argument("model", metavar="CONFIG_OR_MODEL",
-                   help="a model name from `python -m kvcost models`, or a path to config.json")
-    s.add_argument("--context", type=int, default=131072, help="tokens per sequence (default 131072)")
+    s.add_argument("model", metavar="MODEL", help="a name from `python -m kvcost models`, or a path to config.json")
+    s.add_argument("--context", type=parse_tokens, default=131072, help="tokens per sequence: 131072, 128k, 1M")
     s.add_argument("--dtype", default="bf16", help="K format (and V unless --v-dtype); default bf16")
     s.add_argument("--v-dtype", default=None, help="V format when it differs from K")
-    s.add_argument("--budget-gib", type=float, default=None, help="KV memory budget in GiB")
-    s.add_argument("--request-tokens", type=int, default=None,
-                   help="tokens per request for the concurrency count (default: --context)")
-    s.add_argument("--state-dtype", default=None,
-                   help="format of SSM / linear-attention state (default: the config's, else bf16)")
-    s.add_argument("--json", action="store_true", help="print the plan as JSON")
+    s.add_argument("--budget-gib", type=_positive_float, default=None, help="KV memory budget in GiB")
+    s.add_argument("--request-tokens", type=parse_tokens, default=None,
+                   help="tokens per request for the count in --budget-gib (default: --context)")
+    s.add_argument("--state-dtype", default=None, help="format of SSM / linear-attention state")
+    s.add_argument("--engine", choices=["none", "llama.cpp"], default="none",
+                   help="llama.cpp: the buffers llama.cpp allocates (padded cells, SWA cache, recurrent state)")
+    s.add_argument("--n-seq", type=_positive_int, default=1, help="llama.cpp -np: parallel sequences")
+    s.add_argument("--kv-unified", action="store_true", help="llama.cpp --kv-unified")
+    s.add_argument("--swa-full", action="store_true", help="llama.cpp --swa-full: SWA layers keep every token")
+    s.add_argument("--n-ubatch", type=_positive_int, default=512, help="llama.cpp -ub (default 512)")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("plan", help="vLLM's block pool for a budget, or a fleet plan on catalogued GPUs")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--engine", choices=["vllm"], default=None, help="vllm: blocks, tokens, max concurrency")
+    p.add_argument("--kv-memory-gib", type=_positive_float, default=None, help="vLLM's available KV memory per GPU")
+    p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size")
+    p.add_argument("--block-size", type=_positive_int, default=16)
+    p.add_argument("--max-model-len", type=parse_tokens, default=None)
+    p.add_argument("--max-num-batched-tokens", type=parse_tokens, default=2048)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=sorted(vllm.CACHE_DTYPES))
+    p.add_argument("--gpu", default=None, help="a GPU from data/gpus.csv, e.g. H100-80GB")
+    p.add_argument("--gpus", type=_positive_int, default=1)
+    p.add_argument("--gpu-memory-utilization", type=_positive_float, default=0.9)
+    p.add_argument("--context", type=parse_tokens, default=None, help="tokens per request (fleet plan)")
+    p.add_argument("--concurrency", type=_positive_int, default=None, help="requests that must fit at once")
+    p.add_argument("--dtypes", default=None, help="comma-separated K or K/V formats (default bf16,fp8_e4m3,q8_0,q4_0)")
+    p.add_argument("--reserve-gib", type=float, default=fleet.RESERVE_GIB,
+                   help=f"activation/workspace reserve per GPU (default {fleet.RESERVE_GIB:g})")
+    p.add_argument("--accuracy-csv", default=None, help="needle table to read accuracy from (notebook 06)")
+    p.add_argument("--json", action="store_true")
     m = sub.add_parser("models", help="list the models in data/models")
     m.add_argument("--json", action="store_true")
     f = sub.add_parser("formats", help="list storage formats and their true bits per value")
@@ -99,37 +191,77 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 for bad input)."""
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "models":
-            names = models.list_models()
-            if args.json:
-                print(json.dumps([{"name": n, "hf_repo": models.model_record(n).get("hf_repo")} for n in names],
-                                 indent=2))
-            else:
-                for n in names:
-                    print(f"{n:28s} {models.model_record(n).get('hf_repo', '')}")
-            return 0
-        if args.command == "formats":
-            rows = [formats.describe(n) for n in formats.names()]
-            if args.json:
-                print(json.dumps(rows, indent=2))
-            else:
-                for r in rows:
-                    print(f"{r['format']:16s} {r['bits_per_value']:6.3f} bits  {r['description']}")
-            return 0
-        g = _geometry(args.model)
+def _emit(obj: Any, text: str, as_json: bool, warnings: Sequence[str]) -> int:
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(json.dumps(obj, indent=2) if as_json else text)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "models":
+        names = models.list_models()
+        if args.json:
+            print(json.dumps([{"name": n, "hf_repo": models.model_record(n).get("hf_repo")} for n in names], indent=2))
+        else:
+            for n in names:
+                print(f"{n:28s} {models.model_record(n).get('hf_repo', '')}")
+        return 0
+    if args.command == "formats":
+        rows = [formats.describe(n) for n in formats.names()]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            for r in rows:
+                print(f"{r['format']:16s} {r['bits_per_value']:6.3f} bits  {r['description']}")
+        return 0
+    g = models.resolve(args.model)
+    if args.command == "size":
+        if args.engine == "llama.cpp":
+            a = llamacpp.allocate(g, args.context, args.dtype, args.v_dtype, n_seq=args.n_seq,
+                                  kv_unified=args.kv_unified, swa_full=args.swa_full, n_ubatch=args.n_ubatch)
+            return _emit(a.as_dict(), _format_alloc(a), args.json, a.warnings)
+        if args.request_tokens is not None and args.budget_gib is None:
+            raise ValueError("--request-tokens needs --budget-gib (requests are counted in a budget)")
         p = sizing.plan(g, args.context, args.dtype, args.v_dtype, budget_gib=args.budget_gib,
                         request_tokens=args.request_tokens, state_dtype=args.state_dtype)
+        warnings = list(p.warnings)
+        try:
+            warnings += llamacpp.cpu_fallback_warnings(p.dtype, p.v_dtype)
+        except ValueError:
+            pass                                         # not a llama.cpp type pair
+        d = p.as_dict()
+        d["warnings"] = warnings
+        return _emit(d, format_plan(p), args.json, warnings)
+    if args.engine == "vllm":
+        if args.kv_memory_gib is None:
+            raise ValueError("--engine vllm needs --kv-memory-gib")
+        v = vllm.plan(g, args.kv_memory_gib, args.tp, args.block_size, args.max_model_len, args.kv_cache_dtype,
+                      args.max_num_batched_tokens)
+        d = v.as_dict()
+        text = "\n".join(d["log_lines"] + [f"{v.num_blocks:,} blocks of {v.block_size} tokens, page {v.page_bytes:,} "
+                                            f"bytes, groups {', '.join(v.groups)}"])
+        return _emit(d, text, args.json, v.warnings)
+    if args.gpu is None:
+        raise ValueError("plan needs --engine vllm --kv-memory-gib X, or --gpu NAME --context N")
+    if args.context is None:
+        raise ValueError("--gpu needs --context (tokens per request)")
+    name = models.model_record(args.model)["name"] if not args.model.endswith(".json") else args.model
+    dts = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else None
+    fl = fleet.plan(g, name, args.gpu, args.context, args.gpus, args.tp, args.gpu_memory_utilization,
+                    args.concurrency, dts, args.reserve_gib, args.accuracy_csv)
+    warns = list(fl.warnings) + [w for r in fl.rows for w in r.warnings]
+    return _emit(fl.as_dict(), _format_fleet(fl), args.json, warns)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for bad input, with one ``error:`` line)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        return _run(args)
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_flags(str(err))}", file=sys.stderr)
         return 2
-    for w in p.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(p.as_dict(), indent=2))
-    else:
-        print(format_plan(p))
-    return 0
