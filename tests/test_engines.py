@@ -21,7 +21,7 @@ def test_vllm_log_lines(row) -> None:
 
 def test_enough_real_lines_with_sources() -> None:
     ll, vl = engine_logs.llamacpp_rows(), engine_logs.vllm_rows()
-    assert len(ll) >= 12 and len(vl) >= 10
+    assert len(ll) >= 15 and len(vl) >= 10
     assert all(r["source"] and r["log_line"] for r in ll + vl)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,10 @@ def _geometry(row: dict[str, str]) -> Geometry:
     n_layer, heads, dim = int(row["n_layer"]), int(row["n_head_kv"]), int(row["head_dim"])
     cfg: dict[str, Any] = {"num_hidden_layers": n_layer, "num_attention_heads": heads,
                            "num_key_value_heads": heads, "head_dim": dim}
-    return from_hf_config(cfg, name=row["id"])
+    g = from_hf_config(cfg, name=row["id"])
+    if row.get("head_dim_v"):
+        g = replace(g, v_head_dim=int(row["head_dim_v"]))
+    return g
 
 
 def _swa_geometry(row: dict[str, str]) -> Geometry:

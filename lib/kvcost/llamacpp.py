@@ -28,7 +28,7 @@ from . import formats
 from .hfconfig import FULL, MLA, SLIDING, Geometry
 from .units import MIB
 
-__all__ = ["KVBuffer", "Allocation", "GGML_TYPES", "allocate", "padded_n_ctx", "cpu_fallback_warnings",
+__all__ = ["KVBuffer", "Allocation", "GGML_TYPES", "VERSIONS", "allocate", "padded_n_ctx", "cpu_fallback_warnings",
            "CUDA_FA_PAIRS"]
 
 #: ggml type names llama.cpp accepts for -ctk / -ctv, as kvcost.formats names.
@@ -58,10 +58,18 @@ def _pad(x: int, n: int) -> int:
     return (x + n - 1) // n * n
 
 
+#: Build eras of the n_ctx rule: "early" (before the padding, early 2024: n_ctx as given), "legacy"
+#: (padded to 256 with flash attention, else 32), "nopad" (PR #16812, 2025-10-28: padding removed),
+#: "current" (PR #17046, November 2025: GGML_PAD(n_ctx, 256) in llama_context).
+VERSIONS = ("early", "legacy", "nopad", "current")
+
+
 def padded_n_ctx(n_ctx: int, version: str = "current", flash_attn: bool = True) -> int:
-    """``n_ctx`` as llama.cpp pads it (256; legacy builds: 256 with flash attention, else 32)."""
+    """``n_ctx`` as llama.cpp pads it in a build era of :data:`VERSIONS`."""
     if version == "legacy":
         return _pad(n_ctx, 256 if flash_attn else 32)
+    if version in ("early", "nopad"):
+        return n_ctx
     return _pad(n_ctx, 256)
 
 
@@ -169,13 +177,15 @@ def allocate(g: Geometry, n_ctx: int, type_k: str = "f16", type_v: str | None = 
     for name, value, lo in (("--context", n_ctx, 1), ("--n-seq", n_seq, 1), ("--n-ubatch", n_ubatch, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
-    if version not in ("current", "legacy"):
-        raise ValueError(f"version must be 'current' or 'legacy', got {version!r}")
+    if version not in VERSIONS:
+        raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
     tk = _ggml(type_k, "--dtype")
     tv = _ggml(type_v if type_v is not None else type_k, "--v-dtype")
     n_pad = padded_n_ctx(n_ctx, version, flash_attn)
-    if kv_unified or version == "legacy":
+    if kv_unified or version in ("early", "legacy"):
         streams, cells = 1, n_pad
+    elif version == "nopad":
+        streams, cells = n_seq, n_pad // n_seq
     else:
         streams, cells = n_seq, _pad(n_pad // n_seq, 256)
     warnings = []
@@ -192,7 +202,7 @@ def allocate(g: Geometry, n_ctx: int, type_k: str = "f16", type_v: str | None = 
         assert g.window is not None
         if swa_full:
             swa_cells = cells
-        elif version == "legacy":
+        elif version in ("early", "legacy", "nopad"):
             swa_cells = min(cells, _pad(g.window * n_seq + n_ubatch, 256 if flash_attn else 32))
         else:
             swa_cells = _pad(min(cells, g.window * (n_seq if kv_unified else 1) + n_ubatch), 256)
