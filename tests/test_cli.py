@@ -105,6 +105,13 @@ def test_engine_llamacpp_and_vllm_json(capsys) -> None:
     assert cli.main(["size", "Llama-3.1-8B", "--context", "35000", "--engine", "llama.cpp", "--n-seq", "1",
                      "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["cells"] == 35072
+    assert cli.main(["size", "gpt-oss-20b", "--context", "4096", "--dtype", "q8_0", "--engine", "llama.cpp",
+                     "--swa-f16", "--json"]) == 0
+    bufs = json.loads(capsys.readouterr().out)["buffers"]
+    assert [b["type_k"] for b in bufs] == ["q8_0", "f16"]
+    assert cli.main(["size", "Llama-3.1-8B", "--context", "1000", "--engine", "llama.cpp", "--llama-version",
+                     "early", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cells"] == 1000
     assert cli.main(["plan", "Qwen3-32B", "--engine", "vllm", "--kv-memory-gib", "8.22", "--tp", "2",
                      "--max-model-len", "32768", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

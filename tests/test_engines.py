@@ -1,7 +1,9 @@
 """Engine-exact sizing: llama.cpp's KV buffers and vLLM's block pool against real log lines."""
+import math
+
 import pytest
 
-from kvcost import engine_logs, llamacpp, models, vllm
+from kvcost import engine_logs, fleet, llamacpp, models, vllm
 from kvcost.units import GIB, MIB
 
 
@@ -82,3 +84,31 @@ def test_vllm_rules() -> None:
         vllm.page_bytes(g, 16, kv_cache_dtype="int3")
     assert vllm.plan(g, 0.5, max_model_len=131072).warnings[-1].startswith("does not fit")
     assert MIB
+
+
+def test_fleet_accuracy_lookup_with_interval(tmp_path) -> None:
+    path = tmp_path / "storage_formats.csv"
+    rows = ["storage,n_tokens,accumulator,retrieved"]
+    rows += [f"q8_0/q8_0,4096,exact,{'True' if i < 9 else 'False'}" for i in range(10)]
+    rows += ["q8_0/q8_0,4096,hopper,False", "q8_0/q8_0,262144,exact,True"]
+    path.write_text("\n".join(rows) + "\n")
+    assert fleet.accuracy_lookup(path, "q8_0/q8_0", 131072) == (9, 10, 4096)
+    assert fleet.accuracy_lookup(path, "q4_0/q4_0", 131072) is None
+    assert fleet.accuracy_lookup(tmp_path / "missing.csv", "q8_0/q8_0", 131072) is None
+    f = fleet.plan(models.load_model("Llama-3.1-8B"), "Llama-3.1-8B", "H100-80GB", 131072, dtypes=["q8_0"],
+                   accuracy_csv=path)
+    assert f.rows[0].accuracy.startswith("needle retrieved 9/10 = 90% [")
+
+
+def test_fleet_weights_budget_and_warnings() -> None:
+    g = models.load_model("gpt-oss-20b")
+    f = fleet.plan(g, "gpt-oss-20b", "RTX-4090", 131072)
+    assert math.isclose(f.weights_gib, 20914757184 * 4.25 / 8 / GIB)
+    assert any("--swa-full" in w for w in f.warnings)
+    big = fleet.plan(models.load_model("Llama-2-7B"), "Llama-2-7B", "RTX-4090", 8192, concurrency=64)
+    assert any("asked" in w for r in big.rows for w in r.warnings)
+    assert fleet.plan(models.load_model("Llama-2-7B"), "Llama-2-7B", "RTX-4090", 8192).rows[0].requests >= 1
+    with pytest.raises(ValueError, match="--gpus"):
+        fleet.plan(g, "gpt-oss-20b", "H100-80GB", 4096, n_gpus=3, tp=2)
+    over = fleet.plan(models.load_model("Qwen3-8B"), "Qwen3-8B", "H100-80GB", 131072)
+    assert any("max_position_embeddings" in w for w in over.warnings)

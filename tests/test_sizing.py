@@ -247,7 +247,7 @@ def test_head_dim_underivable() -> None:
         from_hf_config(cfg)
     with pytest.raises(ValueError, match="head_dim"):
         from_hf_config({**cfg, "hidden_size": 100})                     # 100 / 3 is not whole
-    with pytest.raises(ValueError, match="text_config.'num_hidden_layers'"):
+    with pytest.raises(ValueError, match=r"text_config\.'num_hidden_layers'"):
         from_hf_config({"text_config": {"num_attention_heads": 4}})
 
 
@@ -269,15 +269,15 @@ def test_path_and_folder(tmp_path) -> None:
 def test_registry_has_the_families() -> None:
     names = models.list_models()
     assert len(names) >= 20
-    for must in models.POST_MODELS + ["DeepSeek-V3", "Jamba-v0.1", "Qwen3-Next-80B-A3B", "Gemma-3-27B",
-                                      "Falcon-7B", "Phi-3-mini-4k-instruct", "Nemotron-H-8B"]:
+    for must in [*models.POST_MODELS, "DeepSeek-V3", "Jamba-v0.1", "Qwen3-Next-80B-A3B", "Gemma-3-27B",
+                 "Falcon-7B", "Phi-3-mini-4k-instruct", "Nemotron-H-8B"]:
         assert must in names
     for n in names:
         rec = models.model_record(n)
         assert rec["sources"] and all(s["where"] for s in rec["sources"])
     assert models.load_model("qwen3-8b").name == "Qwen3-8B"                # case-insensitive
     assert models.load_model("openai/gpt-oss-20b").name == "gpt-oss-20b"   # by repo id
-    with pytest.raises(ValueError, match="Llama-3.1-8B"):
+    with pytest.raises(ValueError, match=r"Llama-3\.1-8B"):
         models.load_model("Llama-9")
 
 

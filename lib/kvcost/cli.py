@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from . import fleet, formats, llamacpp, models, sizing, vllm
 from .units import GIB, KIB, MIB
 
-__all__ = ["main", "build_parser", "format_plan", "parse_tokens"]
+__all__ = ["build_parser", "format_plan", "main", "parse_tokens"]
 
 _SUFFIX = {"": 1, "k": 1024, "m": 1024 ** 2}
 _FLAG_OF = {"context": "--context", "dtype": "--dtype", "v_dtype": "--v-dtype", "budget_gib": "--budget-gib",
@@ -164,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-unified", action="store_true", help="llama.cpp --kv-unified")
     s.add_argument("--swa-full", action="store_true", help="llama.cpp --swa-full: SWA layers keep every token")
     s.add_argument("--n-ubatch", type=_positive_int, default=512, help="llama.cpp -ub (default 512)")
+    s.add_argument("--llama-version", choices=llamacpp.VERSIONS, default="current",
+                   help="llama.cpp build era for the n_ctx padding rule (default current)")
+    s.add_argument("--swa-f16", action="store_true",
+                   help="SWA cache in f16 whatever --dtype says (builds between llama.cpp PR #21277 and #21332)")
+    s.add_argument("--no-flash-attn", action="store_true", help="llama.cpp -fa off (legacy padding 32)")
     s.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("plan", help="vLLM's block pool for a budget, or a fleet plan on catalogued GPUs")
     p.add_argument("model", metavar="MODEL")
@@ -219,17 +224,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "size":
         if args.engine == "llama.cpp":
             a = llamacpp.allocate(g, args.context, args.dtype, args.v_dtype, n_seq=args.n_seq,
-                                  kv_unified=args.kv_unified, swa_full=args.swa_full, n_ubatch=args.n_ubatch)
+                                  kv_unified=args.kv_unified, swa_full=args.swa_full, n_ubatch=args.n_ubatch,
+                                  swa_f16=args.swa_f16, version=args.llama_version,
+                                  flash_attn=not args.no_flash_attn)
             return _emit(a.as_dict(), _format_alloc(a), args.json, a.warnings)
         if args.request_tokens is not None and args.budget_gib is None:
             raise ValueError("--request-tokens needs --budget-gib (requests are counted in a budget)")
         p = sizing.plan(g, args.context, args.dtype, args.v_dtype, budget_gib=args.budget_gib,
                         request_tokens=args.request_tokens, state_dtype=args.state_dtype)
         warnings = list(p.warnings)
-        try:
+        if p.dtype in llamacpp.GGML_TYPES.values() and p.v_dtype in llamacpp.GGML_TYPES.values():
             warnings += llamacpp.cpu_fallback_warnings(p.dtype, p.v_dtype)
-        except ValueError:
-            pass                                         # not a llama.cpp type pair
         d = p.as_dict()
         d["warnings"] = warnings
         return _emit(d, format_plan(p), args.json, warnings)

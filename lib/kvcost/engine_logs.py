@@ -1,4 +1,4 @@
-"""Real llama.cpp and vLLM KV-cache log lines (``data/engine_logs/*.csv``) against :mod:`kvcost.llamacpp` / :mod:`kvcost.vllm`.
+"""Real llama.cpp and vLLM KV-cache log lines (``data/engine_logs/*.csv``) against the engine models.
 
 Each row carries its source, the model (a ``data/models`` name, or the geometry the log states) and the
 settings; :func:`check_llamacpp` / :func:`check_vllm` recompute what the engine should print and say
@@ -16,9 +16,9 @@ from typing import Any
 from . import llamacpp, vllm
 from .hfconfig import Geometry, from_hf_config
 from .models import load_model
-from .units import GIB, MIB
+from .units import GIB
 
-__all__ = ["data_dir", "llamacpp_rows", "vllm_rows", "check_llamacpp", "check_vllm", "check_all"]
+__all__ = ["check_all", "check_llamacpp", "check_vllm", "data_dir", "llamacpp_rows", "vllm_rows"]
 
 
 def data_dir() -> Path:

@@ -21,8 +21,18 @@ from .models import model_record
 from .sizing import cache_bytes, check_context, kv_formats, max_context, state_bytes
 from .units import GIB
 
-__all__ = ["GPU", "gpus", "gpu", "DEFAULT_DTYPES", "RESERVE_GIB", "FleetRow", "Fleet", "plan", "weights_bytes",
-           "accuracy_lookup"]
+__all__ = [
+    "DEFAULT_DTYPES",
+    "GPU",
+    "RESERVE_GIB",
+    "Fleet",
+    "FleetRow",
+    "accuracy_lookup",
+    "gpu",
+    "gpus",
+    "plan",
+    "weights_bytes",
+]
 
 #: KV formats compared by default: K and V the same, or (K, V) pairs.
 DEFAULT_DTYPES = ["bf16", "fp8_e4m3", "q8_0", "q4_0"]
@@ -76,7 +86,8 @@ def weights_bytes(model: str) -> tuple[int, str]:
         raise ValueError(f"model record {rec['name']!r} has no cited parameter count (data/models/*.json "
                          f"'parameters'); the fleet planner needs one")
     bits = float(p.get("bits_per_weight") or 8 * formats.bytes_per_value(p.get("dtype", "bf16")))
-    return math.ceil(p["total"] * bits / 8), f"{p['total']:,} parameters x {bits:g} bits ({p.get('dtype')}); {p['source']}"
+    src = f"{p['total']:,} parameters x {bits:g} bits ({p.get('dtype')}); {p['source']}"
+    return math.ceil(p["total"] * bits / 8), src
 
 
 def accuracy_lookup(path: str | Path | None, storage: str, context: int) -> tuple[int, int, int] | None:
@@ -208,7 +219,7 @@ def plan(g: Geometry, model: str, gpu_name: str, context: int, n_gpus: int = 1, 
             kk, nn, at = acc
             acc_text = f"needle retrieved {stats.rate_text(kk, nn)} at {at:,} tokens (notebook 06)"
         if concurrency is not None and req < concurrency:
-            row_warn = row_warn + [f"{label}: {req} requests of {context:,} tokens fit, {concurrency} asked"]
+            row_warn = [*row_warn, f"{label}: {req} requests of {context:,} tokens fit, {concurrency} asked"]
         rows.append(FleetRow(kf.name, vf.name, float(kf.bits_per_value(g.head_dim) + vf.bits_per_value(g.head_dim)) / 2,
                              per_token / 1024, tokens, req, mc, fits, acc_text, tuple(row_warn)))
     if budget_gpu <= 0:

@@ -28,8 +28,16 @@ from . import formats
 from .hfconfig import FULL, MLA, SLIDING, Geometry
 from .units import MIB
 
-__all__ = ["KVBuffer", "Allocation", "GGML_TYPES", "VERSIONS", "allocate", "padded_n_ctx", "cpu_fallback_warnings",
-           "CUDA_FA_PAIRS"]
+__all__ = [
+    "CUDA_FA_PAIRS",
+    "GGML_TYPES",
+    "VERSIONS",
+    "Allocation",
+    "KVBuffer",
+    "allocate",
+    "cpu_fallback_warnings",
+    "padded_n_ctx",
+]
 
 #: ggml type names llama.cpp accepts for -ctk / -ctv, as kvcost.formats names.
 GGML_TYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1",

@@ -23,11 +23,28 @@ from .models import POST_MODELS, load_model, naive_geometry
 from .units import GIB
 
 __all__ = [
-    "Geometry", "StateSpec", "Plan", "from_hf_config", "load_model", "naive_geometry", "POST_MODELS",
-    "check_context", "kv_formats", "MLA_LAYOUTS",
-    "cache_bytes", "kv_bytes_per_token", "growth_bytes_per_token", "state_bytes", "shared_bytes",
-    "layer_breakdown", "requests_in_budget", "max_context", "context_warnings", "plan",
-    "naive_bytes_per_token", "naive_cache_bytes",
+    "MLA_LAYOUTS",
+    "POST_MODELS",
+    "Geometry",
+    "Plan",
+    "StateSpec",
+    "cache_bytes",
+    "check_context",
+    "context_warnings",
+    "from_hf_config",
+    "growth_bytes_per_token",
+    "kv_bytes_per_token",
+    "kv_formats",
+    "layer_breakdown",
+    "load_model",
+    "max_context",
+    "naive_bytes_per_token",
+    "naive_cache_bytes",
+    "naive_geometry",
+    "plan",
+    "requests_in_budget",
+    "shared_bytes",
+    "state_bytes",
 ]
 
 #: Engine-specific MLA cache layouts that are not "latent x one format": bytes per token per layer.
@@ -352,7 +369,8 @@ def plan(g: Geometry, context: int, dtype: str = "bf16", v_dtype: str | None = N
         model=g.name, summary=g.summary(), context=context, dtype=kname, v_dtype=vname,
         bytes_per_token=kv_bytes_per_token(g, kname, v_arg),
         bytes_per_token_past_windows=growth_bytes_per_token(g, kname, v_arg),
-        cache_bytes=cache_bytes(g, context, kname, v_arg), naive_cache_bytes=naive_cache_bytes(g, context, kname, v_arg),
+        cache_bytes=cache_bytes(g, context, kname, v_arg),
+        naive_cache_bytes=naive_cache_bytes(g, context, kname, v_arg),
         state_bytes=state_bytes(g, sdt), state_dtype=sdt,
         shared_bytes=shared_bytes(g, kname, v_arg),
         budget_gib=budget_gib, request_tokens=rt if budget_gib is not None else None, requests=requests,

@@ -26,7 +26,7 @@ from typing import Any
 from .hfconfig import FULL, MLA, SLIDING, Geometry
 from .units import GIB
 
-__all__ = ["CACHE_DTYPES", "VllmPlan", "plan", "page_bytes"]
+__all__ = ["CACHE_DTYPES", "VllmPlan", "page_bytes", "plan"]
 
 #: --kv-cache-dtype -> bytes per value ("auto": the model dtype, bf16/fp16 = 2 bytes).
 CACHE_DTYPES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": None}
@@ -91,7 +91,8 @@ def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, m
     ``max_model_len`` defaults to the config's ``max_position_embeddings``. ``kv_memory_bytes``
     overrides the GiB figure with an exact byte count (vLLM logs the budget rounded to 0.01 GiB).
     """
-    for name, value in (("--tp", tp), ("--block-size", block_size), ("--max-num-batched-tokens", max_num_batched_tokens)):
+    for name, value in (("--tp", tp), ("--block-size", block_size),
+                        ("--max-num-batched-tokens", max_num_batched_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if kv_memory_bytes is None:
