@@ -15,8 +15,18 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "Geometry", "StateSpec", "from_hf_config", "load_config",
-    "FULL", "SLIDING", "MLA", "LINEAR", "MAMBA", "NONE", "KV_KINDS", "STATE_KINDS",
+    "FULL",
+    "KV_KINDS",
+    "LINEAR",
+    "MAMBA",
+    "MLA",
+    "NONE",
+    "SLIDING",
+    "STATE_KINDS",
+    "Geometry",
+    "StateSpec",
+    "from_hf_config",
+    "load_config",
 ]
 
 # Layer kinds in Geometry.layer_kinds.

@@ -13,8 +13,18 @@ from typing import Any
 
 from .hfconfig import Geometry, from_hf_config
 
-__all__ = ["POST_MODELS", "models_dir", "list_models", "model_record", "check_models", "load_model",
-           "naive_geometry", "resolve", "param_count", "weight_dtype"]
+__all__ = [
+    "POST_MODELS",
+    "check_models",
+    "list_models",
+    "load_model",
+    "model_record",
+    "models_dir",
+    "naive_geometry",
+    "param_count",
+    "resolve",
+    "weight_dtype",
+]
 
 #: The five models of the post's Block 1, in its order.
 POST_MODELS = ["Llama-3.1-8B", "Qwen3-8B", "Mistral-7B-v0.1", "gpt-oss-20b", "Llama-2-7B"]

@@ -19,7 +19,7 @@ from ..sizing import (
 )
 from ..units import GIB, KIB, MIB
 
-__all__ = ["SIZING_COLUMNS", "post_table", "post_listing", "corrected_table", "curves", "within_context"]
+__all__ = ["SIZING_COLUMNS", "corrected_table", "curves", "post_listing", "post_table", "within_context"]
 
 #: The columns of ``sizing.csv`` (the notebook contract).
 SIZING_COLUMNS = ["model", "layers", "kv_heads", "head_dim", "kib_per_token_bf16",
