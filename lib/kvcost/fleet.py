@@ -90,24 +90,31 @@ def weights_bytes(model: str) -> tuple[int, str]:
     return math.ceil(p["total"] * bits / 8), src
 
 
-def accuracy_lookup(path: str | Path | None, storage: str, context: int) -> tuple[int, int, int] | None:
-    """(retrieved, trials, n_tokens) for ``storage`` ('K/V' names) at the largest measured length <= ``context``.
+def _retrieved(rows: list[dict[str, str]]) -> int:
+    return sum(1 for r in rows if r["retrieved"] in ("True", "true", "1", "1.0"))
 
-    Reads a needle table with columns ``storage``, ``n_tokens``, ``retrieved`` (and ``accumulator``,
-    exact arithmetic rows only), as notebook 06 writes ``storage_formats.csv``. None when the file or a
-    matching row is missing.
+
+def accuracy_lookup(path: str | Path | None, storage: str,
+                    context: int) -> tuple[int, int, int, int, int] | None:
+    """Needle results for ``storage`` ('K/V' names) at the largest measured length <= ``context``.
+
+    Returns (retrieved, trials, n_tokens, reference retrieved, reference trials), the reference being
+    the unquantized cache (``none/none``) at the same length. Reads a needle table with columns
+    ``storage``, ``n_tokens``, ``retrieved`` (exact-arithmetic rows when it has ``accumulator``), as
+    notebook 06 writes ``storage_formats.csv`` and notebook 09 ``needle.csv``. None when the file or
+    a matching row is missing.
     """
     if path is None or not Path(path).is_file():
         return None
     with open(path, newline="", encoding="utf-8") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("storage") == storage
-                and r.get("accumulator", "exact") == "exact"]
-    lengths = sorted({int(r["n_tokens"]) for r in rows if int(r["n_tokens"]) <= context})
+        rows = [r for r in csv.DictReader(f) if r.get("accumulator", "exact") == "exact"]
+    mine = [r for r in rows if r.get("storage") == storage]
+    lengths = sorted({int(r["n_tokens"]) for r in mine if int(r["n_tokens"]) <= context})
     if not lengths:
         return None
-    at = [r for r in rows if int(r["n_tokens"]) == lengths[-1]]
-    k = sum(1 for r in at if r["retrieved"] in ("True", "true", "1", "1.0"))
-    return k, len(at), lengths[-1]
+    at = [r for r in mine if int(r["n_tokens"]) == lengths[-1]]
+    ref = [r for r in rows if r.get("storage") == "none/none" and int(r["n_tokens"]) == lengths[-1]]
+    return _retrieved(at), len(at), lengths[-1], _retrieved(ref), len(ref)
 
 
 @dataclass(frozen=True)
@@ -216,8 +223,9 @@ def plan(g: Geometry, model: str, gpu_name: str, context: int, n_gpus: int = 1, 
         if acc is None:
             acc_text = "not measured"
         else:
-            kk, nn, at = acc
-            acc_text = f"needle retrieved {stats.rate_text(kk, nn)} at {at:,} tokens (notebook 06)"
+            kk, nn, at, k0, n0 = acc
+            ref = f"; unquantized {k0}/{n0}" if n0 else ""
+            acc_text = f"needle {stats.rate_text(kk, nn)} at {at:,} tokens{ref}"
         if concurrency is not None and req < concurrency:
             row_warn = [*row_warn, f"{label}: {req} requests of {context:,} tokens fit, {concurrency} asked"]
         rows.append(FleetRow(kf.name, vf.name, float(kf.bits_per_value(g.head_dim) + vf.bits_per_value(g.head_dim)) / 2,
