@@ -181,27 +181,6 @@ def test_vectorized_over_other_axes():
                 assert out[i, j] == accum.accumulate(x[:, i, j], "bf16", strat, **kw)
 
 
-# ------------------------------------------------------------ the post's Block 3
-@pytest.mark.parametrize("n", [1, 3, 64, 100, 256, 1000, 1024, 3000, 4097])
-@pytest.mark.parametrize("kind", ["fp32", "fp16", "bf16"])
-def test_post_flat_sum_equals_the_post_loop(n, kind):
-    for two in (False, True):
-        assert accum.post_flat_sum(n, kind, two) == accum.post_flat_sum_literal(n, kind, two)
-
-
-def test_post_table_digits():
-    want = {64: (1, 1, 1), 1024: (1, 1, 0.25), 4096: (1, 0.5, 0.0625), 131072: (1, 0.015625, 0.001953125)}
-    for n, row in want.items():
-        got = tuple(accum.post_flat_sum(n, k) for k in ("fp32", "fp16", "bf16"))
-        assert got == row
-        assert accum.post_flat_sum(n, "bf16", two_level=True) == 1.0
-
-
-def test_post_literal_is_the_post_code():
-    src = open(accum.__file__).read()
-    assert "np.uint32((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)" in src
-
-
 # ------------------------------------------------------------ limits (errata)
 @pytest.mark.parametrize("fmt,limit", [("fp32", 2 ** 24), ("fp16", 2048), ("bf16", 256), ("tf32", 2048),
                                        ("fp8_e4m3", 16), ("fp8_e5m2", 8), ("e8m13", 2 ** 14),
@@ -250,10 +229,6 @@ def test_bad_other_parameters():
         accum.hopper_sum(np.ones(64), promote=100)
     with pytest.raises(ValueError, match="x"):
         accum.running_sum(np.float64(1.0), "bf16")
-    with pytest.raises(ValueError, match="kind"):
-        accum.post_flat_sum(8, "fp8")
-    with pytest.raises(ValueError, match="n"):
-        accum.post_flat_sum(0, "fp16")
 
 
 def test_non_finite_terms_propagate_as_ieee():
@@ -273,40 +248,6 @@ def test_error_bounds_hold_on_flat_sum():
         assert err <= float(accum.error_bound("recursive", n, "e8m13"))
     assert accum.error_bound("recursive", 10 ** 6, "bf16") == math.inf
     assert float(accum.error_bound("probabilistic", 4, "bf16")) == 2 * 2.0 ** -8
-
-
-# ------------------------------------------------------------ notebook helpers
-def test_flat_sum_table_and_reproduction_checks():
-    t = accum.flat_sum_table([64, 256, 1024, 4096, 16384, 65536, 131072])
-    assert list(t.columns) == ["n", "fp32_flat", "fp16_flat", "bf16_flat", "bf16_two_level"]
-    checks = accum.reproduction_checks(t)
-    assert len(checks) == 7 * 4 + 3 * 2 and all(c.agrees for c in checks)
-    text = accum.post_table_text(t)
-    assert "   131072    1.000000    0.015625    0.001953      1.000000" in text
-    assert accum.post_ulp_lines()[2].startswith("  bf16: 1 ULP at a sum of 1.0 = 2^-8 = 0.003906")
-    # a wrong value is caught
-    bad = t.copy()
-    bad.loc[2, "bf16_flat"] = 0.5
-    assert sum(not c.agrees for c in accum.reproduction_checks(bad)) == 1
-
-
-def test_errata_verdicts():
-    e = accum.errata_table([64, 1024, 131072])
-    v = dict(zip(e["claim"].str.slice(0, 4) + e["post"], e["verdict"]))
-    assert v["fp328,388,608"].startswith("wrong") and "16,777,216" in v["fp328,388,608"]
-    assert v["fp161,024"].startswith("wrong") and "2,048" in v["fp161,024"]
-    assert v["bf16256"] == "correct"
-    assert v["bf162^-8"].startswith("wrong") and "2^-7" in v["bf162^-8"]
-    checks = accum.errata_checks(e)
-    assert [c.agrees for c in checks].count(False) == 4
-
-
-def test_strategy_and_stall_tables():
-    s = accum.strategy_table([1024, 1000], block=128).set_index("n")
-    assert s.loc[1024, "post_two_level"] == 1.0 and s.loc[1024, "bf16_flat"] == 0.25
-    assert s.loc[1000, "post_two_level"] == accum.post_flat_sum_literal(1000, "fp32")
-    st_ = accum.stall_table(("fp16", "bf16")).set_index("format")
-    assert st_.loc["fp16", "limit_n"] == 2048 and st_.loc["bf16", "sum_at_2x_limit"] == 0.5
 
 
 def test_weight_profiles():

@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from kvcost import output, params, plotting, post, report
+from kvcost import output, params, plotting, post
 
 
 @pytest.mark.parametrize("call,msg", [
@@ -72,18 +72,6 @@ def test_post_tables_parse_every_printed_row():
     assert post.ulp_lines().tokens.tolist() == ["8,388,608", "1,024", "256"]
     with pytest.raises(ValueError, match="block"):
         post.block_text(4)
-
-
-def test_compare_table_and_verdict():
-    printed = pd.DataFrame({"k": ["1", "2"], "v": ["1.00e-01", "2.0"]})
-    computed = pd.DataFrame({"k": [1, 2], "v": [0.1, 2.04]})
-    checks = report.compare_table(printed, computed, ["k"], {"v": ".2e"})
-    assert [c.agrees for c in checks] == [True, False]
-    text = report.verdict_markdown(checks, readings=[report.Check("a claim", "x", "y", True)])
-    assert "**Differs**: 1 of 2" in text and "1 of 1 hold" in text
-    assert report.verdict_markdown(checks[:1]).count("Reproduced") == 1
-    missing = report.compare_table(printed, computed.iloc[:1], ["k"], {"v": ".2e"})
-    assert missing[1].computed == "(not computed)" and not missing[1].agrees
 
 
 def test_figure_dir_can_be_redirected(tmp_path, monkeypatch):

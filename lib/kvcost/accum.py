@@ -1,42 +1,21 @@
 """Running-sum accumulation in low precision, simulated exactly and fast.
 
-Softmax(QK^T) @ V contracts over the context: every output is a sum of n products
-accumulated in a register of some format. This module computes what such a register
-holds, one correctly rounded addition at a time:
+Strategies: ``flat`` (``acc = RN_fmt(acc + x[i])`` after every term), ``two_level``
+(``block`` terms flat in ``fmt``, partials into float32), ``pairwise``, ``kahan`` and
+``hopper`` (a model of Hopper's FP8 tensor-core accumulation, DeepSeek-V3 report §3.3.2).
 
-- ``flat``: ``acc = RN_fmt(acc + x[i])`` after every term (the post's model);
-- ``two_level`` (``block=b``): each run of b terms summed flat in ``fmt`` from zero, the
-  block partials added into a float32 accumulator (vLLM's flash-attention fix; the
-  block is the flush interval);
-- ``pairwise``: a balanced binary tree, each addition rounded to ``fmt``;
-- ``kahan``: Kahan's compensated summation with every operation rounded to ``fmt``;
-- ``hopper``: a parameterized model of Hopper's FP8 tensor-core accumulation after the
-  DeepSeek-V3 technical report (§3.3.2, §3.5.2): in each group of ``group`` = 32 terms
-  the terms and the running accumulator are aligned to the largest exponent among them
-  and truncated to ``keep_bits`` ≈ 14 significant bits, then summed; optionally the
-  accumulator is promoted (added into a real float32 register, then reset) every
-  ``promote`` = N_C = 128 terms.
-
-Every addition is exact-then-rounded-once: TwoSum gives the exact ``acc + x`` as a float64
-pair, and :func:`kvcost.floats.round_pair` (or its compiled twin here) rounds the pair in
-one step, so there is no float64-then-fmt double rounding. Terms are float64 and are not
-rounded to ``fmt`` before they are added (round them with ``floats.round_to`` first to
-model a stored operand).
-
-Speed: never ``np.sum``/``np.dot``/``np.matmul`` (pairwise, or float32 inside). Formats that
-numpy or ml_dtypes has (fp32, fp16, bf16, fp8) take ``np.add.accumulate`` on that dtype when
-the terms are exactly representable in it: those ufuncs add in float32 and round once more,
-which is exact rounding because float32 carries 24 >= 2p + 2 bits (double rounding is
-innocuous, Figueroa 1995). Everything else runs in a numba loop, parallel over columns.
-
-NaN and inf terms propagate as IEEE arithmetic does (inf + -inf is NaN); a sum that
-overflows ``fmt`` becomes inf (NaN in ``fp8_e4m3``, which has no inf).
+Every addition is exact-then-rounded-once (TwoSum, then one rounding), so there is no
+float64-then-fmt double rounding. Formats numpy or ml_dtypes has take ``np.add.accumulate``
+when the terms are exact in them (float32 carries >= 2p + 2 bits: the double rounding is
+innocuous, Figueroa 1995); everything else runs in numba loops, parallel over columns.
+NaN and inf propagate as in IEEE arithmetic; a sum that overflows ``fmt`` becomes inf (NaN
+in ``fp8_e4m3``, which has no inf).
 """
 from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numba
 import numpy as np
@@ -44,13 +23,17 @@ from numba import njit, prange
 
 from .floats import FloatFormat, parse_format
 
-if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
-
 __all__ = [
-    "STRATEGIES", "running_sum", "accumulate", "hopper_sum", "flat_sum_limit",
-    "post_flat_sum", "post_flat_sum_literal", "equal_terms_sum", "exact_sum",
-    "error_bound", "weight_profile", "PROFILES",
+    "PROFILES",
+    "STRATEGIES",
+    "accumulate",
+    "equal_terms_sum",
+    "error_bound",
+    "exact_sum",
+    "flat_sum_limit",
+    "hopper_sum",
+    "running_sum",
+    "weight_profile",
 ]
 
 STRATEGIES = ("flat", "two_level", "pairwise", "kahan", "hopper")
@@ -273,30 +256,6 @@ def _exact_nb(x):   # pragma: no cover - compiled
     return hi + lo
 
 
-@njit(cache=True)
-def _post_loop_nb(n, kind):   # pragma: no cover - compiled
-    """The post's Block 3 loop, operation for operation (see post_flat_sum)."""
-    term = 1.0 / n
-    t32 = np.float32(term)
-    if kind == 0 or kind == 3:           # fp32 flat, or the "two-level" column
-        acc = np.float32(0.0)
-        for _ in range(n):
-            acc = np.float32(acc + t32)
-        return float(acc)
-    if kind == 1:                        # bf16: float32 add, then RNE to bf16
-        acc = np.float32(0.0)
-        for _ in range(n):
-            s = np.float32(acc + t32)
-            acc = np.float32(_round_nb(float(s), 0.0, 7, -126, 3.3895313892515355e38, math.inf))
-        return float(acc)
-    # fp16: first step float16(float32(term)); then float16 acc + float16(term), one rounding
-    t16 = _round_nb(term, 0.0, 10, -14, 65504.0, math.inf)
-    acc = _round_nb(float(t32), 0.0, 10, -14, 65504.0, math.inf)
-    for _ in range(n - 1):
-        acc = _add_nb(acc, t16, 10, -14, 65504.0, math.inf)
-    return acc
-
-
 # ------------------------------------------------------------------ helpers
 def _threads() -> int:
     return int(numba.get_num_threads())
@@ -413,7 +372,7 @@ def accumulate(x: Any, fmt: str | FloatFormat, strategy: str = "flat", *, block:
             nb = -(-n // block)
             pad = nb * block - n
             if pad:   # zeros added to a partial leave it unchanged (x + 0 = x exactly)
-                y = np.concatenate([y, np.zeros((pad,) + y.shape[1:], dtype=y.dtype)])
+                y = np.concatenate([y, np.zeros((pad, *y.shape[1:]), dtype=y.dtype)])
             yb = y.reshape(nb, block, -1)
             with np.errstate(over="ignore", invalid="ignore"):
                 parts = np.add.accumulate(yb, axis=1)[:, -1, :]
@@ -517,43 +476,6 @@ def flat_sum_limit(fmt: str | FloatFormat) -> int:
     return _flat_sum_limit(parse_format(fmt))
 
 
-# ------------------------------------------------------------------ the post's Block 3
-_POST_KINDS = {"fp32": 0, "bf16": 1, "fp16": 2}
-
-
-def post_flat_sum(n: int, kind: str, two_level: bool = False) -> float:
-    """What the post's Block 3 ``flat_sum(n, kind, two_level)`` returns, computed fast.
-
-    Under numpy 2 (NEP 50) the post's loop does: ``acc`` float32, ``term = 1/n`` turned into
-    float32 by ``acc + term``; ``fp32`` and ``two_level=True`` (any kind): a plain float32
-    running sum (the "2-level" column is not two-level at all); ``bf16``: float32 addition,
-    then the bit trick rounds to bf16 (two roundings); ``fp16``: the first step is
-    ``float16(float32(1/n))``, after which ``acc`` is a float16 scalar and every step is
-    ``float16 acc + float16(1/n)``, correctly rounded. Verified against the literal loop
-    (:func:`post_flat_sum_literal`) in the tests.
-    """
-    n = _check_block(n, "n")
-    if kind not in _POST_KINDS:
-        raise ValueError(f"parameter 'kind' must be one of {list(_POST_KINDS)}, got {kind!r}")
-    return float(_post_loop_nb(n, 3 if two_level else _POST_KINDS[kind]))
-
-
-def post_flat_sum_literal(n: int, kind: str, two_level: bool = False) -> float:
-    """The post's Block 3 code, verbatim (a Python loop: slow; for tests and the bench)."""
-    def round_acc(x, kind):
-        if kind == "fp32":
-            return np.float32(x)
-        if kind == "bf16":
-            u = np.asarray(x, np.float32).view(np.uint32)
-            return np.uint32((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)
-        return np.float16(x)
-
-    term, acc = 1.0 / n, np.float32(0.0)
-    for _ in range(n):
-        acc = np.float32(acc + term) if two_level else round_acc(acc + term, kind)
-    return float(acc)
-
-
 # ------------------------------------------------------------------ bounds and profiles
 def error_bound(kind: str, n: Any, fmt: str | FloatFormat, abs_sum: Any = 1.0,
                 block: int | None = None) -> np.ndarray:
@@ -624,176 +546,3 @@ def weight_profile(kind: str, n: int, needle_mass: float = 0.5, zipf_s: float = 
     w = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** zipf_s
     w = w / math.fsum(w)
     return w[rng.permutation(n)]
-
-
-# ------------------------------------------------------------------ notebook 04 tables
-POST_ULP_MANTISSA = {"fp32": 23, "fp16": 10, "bf16": 8}   # the exponents the post's code prints
-
-
-def flat_sum_table(n_tokens: list[int]) -> "pd.DataFrame":
-    """The post's Block 3 table for ``n_tokens``, as the post's own code computes it under
-    numpy 2 (:func:`post_flat_sum`): columns n, fp32_flat, fp16_flat, bf16_flat, bf16_two_level."""
-    import pandas as pd
-    rows = []
-    for n in n_tokens:
-        n = _check_block(n, "n_tokens")
-        rows.append({"n": n, "fp32_flat": post_flat_sum(n, "fp32"), "fp16_flat": post_flat_sum(n, "fp16"),
-                     "bf16_flat": post_flat_sum(n, "bf16"),
-                     "bf16_two_level": post_flat_sum(n, "bf16", two_level=True)})
-    return pd.DataFrame(rows, columns=["n", "fp32_flat", "fp16_flat", "bf16_flat", "bf16_two_level"])
-
-
-def post_table_text(table: "pd.DataFrame") -> str:
-    """``table`` printed the way the post's Block 3 prints it (same widths and digits)."""
-    lines = ["Summing n equal weights that must total 1.0 (what softmax guarantees):",
-             f"{'n tokens':>9s} {'fp32 flat':>11s} {'fp16 flat':>11s} {'bf16 flat':>11s} {'bf16 2-level':>13s}"]
-    for r in table.itertuples(index=False):
-        row = [r.fp32_flat, r.fp16_flat, r.bf16_flat, r.bf16_two_level]
-        lines.append(f"{int(r.n):9d} " + " ".join(f"{v:11.6f}" if i < 3 else f"{v:13.6f}"
-                                                 for i, v in enumerate(row)))
-    return "\n".join(lines)
-
-
-def post_ulp_lines() -> list[str]:
-    """The post's three ULP lines, generated by its own formula (exponents 23, 10, 8)."""
-    out = []
-    for kind, mantissa in POST_ULP_MANTISSA.items():
-        out.append(f"  {kind}: 1 ULP at a sum of 1.0 = 2^-{mantissa} = {2.0**-mantissa:.6f} "
-                   f"-> a flat distribution longer than {int(2**mantissa):,} tokens stops accumulating")
-    return out
-
-
-def strategy_table(n_tokens: list[int], block: int = 128, fmt: str = "bf16") -> "pd.DataFrame":
-    """Sum of n terms 1/n under each accumulation, next to the post's "2-level" column.
-
-    Columns: n; post_bf16_flat (the post's double rounding); bf16_flat (one rounding per
-    add); post_two_level (the post's column: a float32 running sum); two_level (true
-    two-level: ``block`` terms in ``fmt``, partials into float32); hopper (the FP8
-    tensor-core model, no promotion); hopper_promoted (promotion every 128 terms);
-    post_fp16_flat (the post: 1/n rounded to fp16 first) and fp16_flat (exact 1/n added,
-    one rounding); fp32_flat.
-    """
-    import pandas as pd
-    block = _check_block(block)
-    rows = []
-    for n in n_tokens:
-        n = _check_block(n, "n_tokens")
-        x = np.full(n, 1.0 / n)
-        rows.append({"n": n,
-                     "post_bf16_flat": post_flat_sum(n, "bf16"),
-                     f"{fmt}_flat": float(running_sum(x, fmt)),
-                     "post_two_level": post_flat_sum(n, "bf16", two_level=True),
-                     "two_level": float(running_sum(x, fmt, block=block)),
-                     "hopper": float(hopper_sum(x)),
-                     "hopper_promoted": float(hopper_sum(x, promote=128)),
-                     "post_fp16_flat": post_flat_sum(n, "fp16"),
-                     "fp16_flat": float(running_sum(x, "fp16")),
-                     "fp32_flat": float(running_sum(x, "fp32"))})
-    return pd.DataFrame(rows)
-
-
-def stall_table(formats: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "e8m13"),
-                ) -> "pd.DataFrame":
-    """Per format: stored fraction bits p, ULP at 1.0, the measured flat-sum limit (largest
-    power-of-two n with sum exactly 1.0), 2^(p+1), and the sums run at the limit and twice it."""
-    import pandas as pd
-    rows = []
-    for name in formats:
-        f = parse_format(name)
-        lim = flat_sum_limit(f)
-        rows.append({"format": f.name, "fraction_bits": f.man_bits, "ulp_at_1": f.ulp(1.0),
-                     "limit_n": lim, "two_pow_p_plus_1": 2 ** (f.man_bits + 1),
-                     "sum_at_limit": equal_terms_sum(lim, f) if lim <= 1 << 26 else float("nan"),
-                     "sum_at_2x_limit": equal_terms_sum(2 * lim, f) if lim <= 1 << 25 else float("nan")})
-    return pd.DataFrame(rows)
-
-
-def errata_table(n_tokens: list[int] | None = None, block: int = 128) -> "pd.DataFrame":
-    """The post's claims about Block 3 against measured runs: claim, post, measured, verdict.
-
-    Every measured value comes from running sums here (fp32 at n = 2^23, 2^24, 2^25 included).
-    """
-    import pandas as pd
-    n_tokens = list(n_tokens or [64, 256, 1024, 4096, 16384, 65536, 131072])
-    rows = []
-
-    def stall(fmt: str) -> tuple[int, str]:
-        lim = flat_sum_limit(fmt)
-        runs = {k: equal_terms_sum(k, fmt) for k in (lim // 2, lim, 2 * lim)}
-        txt = ", ".join(f"n={k:,}: {v:.6g}" for k, v in runs.items())
-        return lim, txt
-
-    for kind, post_tokens in (("fp32", 8_388_608), ("fp16", 1_024), ("bf16", 256)):
-        lim, txt = stall(kind)
-        rows.append({"claim": f"{kind}: a flat distribution longer than {post_tokens:,} tokens stops accumulating",
-                     "post": f"{post_tokens:,}", "measured": f"{lim:,} (last n with sum 1.0; {txt})",
-                     "verdict": "correct" if lim == post_tokens else
-                     f"wrong: the sum stays exactly 1.0 up to {lim:,} = 2^(p+1) tokens"})
-    for kind, mant in POST_ULP_MANTISSA.items():
-        ulp = parse_format(kind).ulp(1.0)
-        true_exp = -int(math.log2(ulp))
-        rows.append({"claim": f"{kind}: 1 ULP at a sum of 1.0 = 2^-{mant}", "post": f"2^-{mant}",
-                     "measured": f"2^-{true_exp} = {ulp:.6g}",
-                     "verdict": "correct" if true_exp == mant else
-                     f"wrong: {kind} stores {true_exp} fraction bits, so its ULP at 1.0 is 2^-{true_exp}"})
-    fb = parse_format("fp16")
-    n1, n2 = 2 ** (fb.man_bits + 1), 2 ** (fb.man_bits + 2)
-    v1, v2 = equal_terms_sum(n1, fb), equal_terms_sum(n2, fb)
-    rows.append({"claim": "The floor is 2^-mantissa: an increment is lost once it falls below one ULP of the sum",
-                 "post": "n > 2^mantissa stalls",
-                 "measured": f"fp16: n={n1}: {v1:g}, n={n2}: {v2:g} (the sum stalls at 1/2, where 1/{n2} is half "
-                             f"an ULP: a tie, rounded to the even 1/2)",
-                 "verdict": "correct" if v2 == 1.0 or v1 != 1.0 else
-                            "wrong by 2x: the stall starts at n > 2^(p+1), p = stored fraction bits; the sum stops "
-                            "at 1/2, where the ULP is half the ULP at 1.0"})
-    # "two-level returns 1.000000 at every context length tested"
-    post_tl = [post_flat_sum(n, "bf16", two_level=True) for n in n_tokens]
-    true_tl = [float(running_sum(np.full(n, 1.0 / n), "bf16", block=block)) for n in n_tokens]
-    all_one = all(f"{v:.6f}" == "1.000000" for v in true_tl)
-    rows.append({"claim": "two-level returns 1.000000 at every context length tested",
-                 "post": "1.000000 x %d" % len(n_tokens),
-                 "measured": f"post's column (float32 running sum): {sorted(set(f'{v:.6f}' for v in post_tl))}; "
-                             f"true two-level (bf16 blocks of {block}, fp32 partials): "
-                             f"{sorted(set(f'{v:.6f}' for v in true_tl))}",
-                 "verdict": ("holds, but the post's column is a float32 running sum, not two-level; true two-level "
-                             f"with block {block} also prints 1.000000") if all_one else
-                            "does not hold for true two-level accumulation at these n"})
-    # "the truth sits between the flat and two-level columns"
-    between = []
-    for n in n_tokens:
-        x = np.full(n, 1.0 / n)
-        h = float(hopper_sum(x))
-        between.append(float(running_sum(x, "bf16")) <= h <= post_flat_sum(n, "bf16", two_level=True))
-    rows.append({"claim": "real tensor cores: the truth sits between the flat and two-level columns",
-                 "post": "between", "measured": f"Hopper FP8 model (14 bits, groups of 32, no promotion) between "
-                                                f"bf16 flat and two-level at {sum(between)} of {len(between)} n",
-                 "verdict": "consistent with the model" if all(between) else "not at every n in the model"})
-    return pd.DataFrame(rows, columns=["claim", "post", "measured", "verdict"])
-
-
-def reproduction_checks(table: "pd.DataFrame") -> list:
-    """Checks of ``table`` (from :func:`flat_sum_table`) against the post's printed Block 3
-    output, to the digits printed, for every n the post printed; and of the ULP lines."""
-    from . import post, report
-    printed = post.flat_sum_table()
-    checks = []
-    ours = {int(r.n): r for r in table.itertuples(index=False)}
-    for r in printed.itertuples(index=False):
-        n = int(r.n)
-        if n not in ours:
-            continue
-        for col in ("fp32_flat", "fp16_flat", "bf16_flat", "bf16_two_level"):
-            checks.append(report.check_printed(f"n={n:,} {col}", getattr(r, col), getattr(ours[n], col), ".6f"))
-    for r in post.ulp_lines().itertuples(index=False):
-        mant = POST_ULP_MANTISSA[r.fmt]
-        checks.append(report.check_printed(f"{r.fmt} ULP line: 2^-{r.mantissa}", r.ulp, 2.0 ** -mant, ".6f"))
-        checks.append(report.check_printed(f"{r.fmt} ULP line: tokens", r.tokens, int(2 ** mant), ","))
-    return checks
-
-
-def errata_checks(errata: "pd.DataFrame") -> list:
-    """The errata rows as report.Check items (agrees when the measured verdict upholds the claim)."""
-    from . import report
-    return [report.Check(r.claim, r.post, r.measured,
-                         r.verdict.startswith(("correct", "holds", "consistent")), r.verdict)
-            for r in errata.itertuples(index=False)]

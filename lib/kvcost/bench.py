@@ -15,6 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import accum
+from .experiments import flat_sum
+
 __all__ = ["BenchResult", "BENCHMARKS", "register", "run", "main"]
 
 
@@ -52,14 +55,13 @@ def _best_of(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
 @register
 def bench_post_block3_bf16() -> list[BenchResult]:
     """The post's Block 3 loop (bf16, n = 131,072) vs accum.running_sum and post_flat_sum."""
-    from . import accum
     n = 131_072
-    t_loop, r_loop = _best_of(lambda: accum.post_flat_sum_literal(n, "bf16"), 1)
+    t_loop, r_loop = _best_of(lambda: flat_sum.post_flat_sum_literal(n, "bf16"), 1)
     x = np.full(n, 1.0 / n)
     accum.running_sum(x[:8], "bf16")                   # warm-up (import, compile)
-    accum.post_flat_sum(8, "bf16")
+    flat_sum.post_flat_sum(8, "bf16")
     t_fast, r_fast = _best_of(lambda: float(accum.running_sum(x, "bf16")), 5)
-    t_post, r_post = _best_of(lambda: accum.post_flat_sum(n, "bf16"), 5)
+    t_post, r_post = _best_of(lambda: flat_sum.post_flat_sum(n, "bf16"), 5)
     rows = []
     for case, t, r in (("bf16 flat 131072: running_sum vs post loop", t_fast, r_fast),
                        ("bf16 flat 131072: post_flat_sum vs post loop", t_post, r_post)):
@@ -74,7 +76,6 @@ def bench_post_block3_bf16() -> list[BenchResult]:
 @register
 def bench_e8m13_flat() -> list[BenchResult]:
     """Flat e8m13 accumulation (no numpy dtype: the compiled loop), 2^20 x 64 terms."""
-    from . import accum
     n, k = 1 << 20, 64
     rng = np.random.default_rng(0)
     x = rng.random((n, k), dtype=np.float32) * np.float32(2.0 / n)

@@ -472,7 +472,7 @@ def checks(grid: pd.DataFrame, flush: pd.DataFrame, published: pd.DataFrame, *,
     ``bf16``+``fp32``, ``fp8_e4m3``+``hopper``, ``fp8_e4m3``+``hopper_promoted``) and ``flush``
     (the same with accumulators ``hopper`` and ``two_level_<N>``). ``published``:
     ``kvcost.accum.load_published()``. Returns kvcost.report.Check rows."""
-    from .report import Check
+    from .claims.report import Check
     nmax = int(grid["n_tokens"].max())
     nmin = int(grid["n_tokens"].min())
     g = grid[grid["n_tokens"] == nmax]

@@ -17,7 +17,7 @@ from threadpoolctl import threadpool_limits
 
 from . import attention, quant, synthetic
 from .params import check_float, check_int, check_pairs
-from .report import Check
+from .claims.report import Check
 
 __all__ = ["TrialErrors", "trial_errors", "post_roundtrips", "post_needle_table", "margin_sweep", "error_sources", "reading_checks",
            "NEEDLE_COLUMNS", "MIN_BITS", "MAX_BITS"]

@@ -535,7 +535,7 @@ def fp8_roundtrip(x: np.ndarray, fmt: str = "e4m3", scaling: str = "tensor", *,
 def axis_readings(table: pd.DataFrame) -> list:
     """The post's three readings of its axis table, checked against ``table`` (from
     :func:`axis_table`): a list of :class:`kvcost.report.Check`."""
-    from .report import Check
+    from .claims.report import Check
 
     def winners(cache: str, bits: list[int]) -> list[str]:
         rows = table[(table["cache"] == cache) & (table["bits"].isin(bits))].sort_values("bits", ascending=False)

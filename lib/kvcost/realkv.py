@@ -29,7 +29,7 @@ import pandas as pd
 
 from . import quant
 from .output import repo_root
-from .report import Check
+from .claims.report import Check
 
 __all__ = [
     "DEFAULT_PATH", "RealKV", "load_real_kv", "save_real_kv", "without_special",

@@ -13,7 +13,7 @@ import pandas as pd
 
 from . import formats, sizing
 from .output import repo_root
-from .report import Check, checks_frame
+from .claims.report import Check, checks_frame
 
 __all__ = ["load_measurements", "published", "checks", "checks_table", "qwen3_q8_0_checks", "dgx_spark_buffer_checks",
            "weights_ratio_check", "GIB", "MIB", "GB"]

@@ -1,12 +1,14 @@
 """Notebook 04b's verdict: the accumulation claims (the post's, vLLM's, DeepSeek-V3's) against the model."""
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 
 from ..output import repo_root
-from ..report import Check, check_value
+from .report import Check, value_check
 
-__all__ = ["load_published", "beyond_flat_checks"]
+__all__ = ["beyond_flat_checks", "load_published"]
 
 
 def load_published() -> pd.DataFrame:
@@ -53,7 +55,7 @@ def beyond_flat_checks(sweep: pd.DataFrame, flush: pd.DataFrame, deepseek: pd.Da
         "the rule assumes independent errors; equal positive terms round the same way every time"))
     f1 = flush.set_index(["interval", "profile"])["rel_error"]
     ivs = [iv for iv in ("1", "4", "64") if (iv, "needle_middle") in f1]
-    mono = all(f1[(a, "needle_middle")] <= f1[(b, "needle_middle")] for a, b in zip(ivs, ivs[1:]))
+    mono = all(f1[(a, "needle_middle")] <= f1[(b, "needle_middle")] for a, b in itertools.pairwise(ivs))
     pub = published.set_index("quantity")["value"]
     acc = [pub["niah_two_level_flush_every_1_step"], pub["niah_two_level_flush_every_4_steps"],
            pub["niah_two_level_flush_every_64_steps"]]
@@ -65,13 +67,13 @@ def beyond_flat_checks(sweep: pd.DataFrame, flush: pd.DataFrame, deepseek: pd.Da
     never = f1[("never", "needle_middle")]
     kept_model = (never - f1[("64", "needle_middle")]) / (never - f1[("1", "needle_middle")])
     kept_pub = (acc[2] - pub["niah_fp8_tensor_core_accumulation"]) / (acc[0] - pub["niah_fp8_tensor_core_accumulation"])
-    checks.append(check_value(
+    checks.append(value_check(
         "Share of the two-level fix kept when flushing every 64 steps instead of every step",
         float(kept_pub), float(kept_model), abs_tol=0.1, fmt=".2f",
         note="published: NIAH gain kept (vs the 13% FP8 baseline); model: needle error removed. A loose analogy"))
     ds = deepseek[(deepseek["keep_bits"] == 14)].set_index("inputs")
     for inputs in ds.index:
-        checks.append(check_value(
+        checks.append(value_check(
             f"DeepSeek-V3: ~2% max relative error at K=4096 without promotion ({inputs} FP8 inputs, model 14 bits)",
             float(pub["max_relative_error_no_promotion"]), float(ds.loc[inputs, "max_rel_error"]),
             rel_tol=0.5, fmt=".3f",

@@ -4,11 +4,11 @@ from __future__ import annotations
 from .. import vendors
 from ..hfconfig import SLIDING
 from ..models import POST_MODELS, list_models, load_model
-from ..report import Check
 from ..sizing import cache_bytes, naive_bytes_per_token
 from ..units import GIB
+from .report import Check
 
-__all__ = ["reading_checks", "formula_off"]
+__all__ = ["formula_off", "reading_checks"]
 
 
 def formula_off(context: int, tolerance: float = 0.01) -> tuple[list[str], list[str], list[str]]:

@@ -8,7 +8,7 @@ from ..accum import PROFILES, accumulate, error_bound, exact_sum, hopper_sum, we
 from ..floats import round_to
 from ..params import check_int
 
-__all__ = ["profile_matrix", "error_sweep", "flush_sweep", "deepseek_check"]
+__all__ = ["deepseek_check", "error_sweep", "flush_sweep", "profile_matrix"]
 
 
 def profile_matrix(n: int, d: int, needle_mass: float, seed: int) -> tuple[np.ndarray, list[str]]:
@@ -47,12 +47,12 @@ def error_sweep(ns: list[int], formats: list[str], strategies: list[str], block:
             for strat in strategies:
                 if strat in ("hopper", "hopper_promoted"):
                     continue
-                runs.append((fmt, strat, lambda fmt=fmt, strat=strat: accumulate(
+                runs.append((fmt, strat, lambda fmt=fmt, strat=strat, x=x: accumulate(
                     x, fmt, strat, block=block if strat == "two_level" else None)))
         if "hopper" in strategies:
-            runs.append(("fp32", "hopper", lambda: hopper_sum(x)))
+            runs.append(("fp32", "hopper", lambda x=x: hopper_sum(x)))
         if "hopper_promoted" in strategies:
-            runs.append(("fp32", "hopper_promoted", lambda: hopper_sum(x, promote=128)))
+            runs.append(("fp32", "hopper_promoted", lambda x=x: hopper_sum(x, promote=128)))
         for fmt, strat, fn in runs:
             got = fn()
             with np.errstate(invalid="ignore"):
@@ -81,7 +81,7 @@ def flush_sweep(intervals: list[int], n: int, tokens_per_step: int = 128, d: int
     abs_sum = exact_sum(np.abs(x))
     names_arr = np.array(names)
     rows = []
-    for iv in list(intervals) + [None]:
+    for iv in [*intervals, None]:
         promote = None if iv is None else check_int("intervals", iv, lo=1) * tokens_per_step
         got = hopper_sum(x, promote=promote)
         err = np.abs(got - exact) / abs_sum

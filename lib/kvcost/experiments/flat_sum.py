@@ -1,0 +1,164 @@
+"""Notebook 04's tables: the post's Block 3 emulated operation for operation, and every accumulator beside it."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from numba import njit
+
+from ..accum import _add_nb, _round_nb, equal_terms_sum, flat_sum_limit, hopper_sum, running_sum
+from ..floats import parse_format
+from ..params import check_int
+
+__all__ = [
+    "FLAT_SUM_COLUMNS",
+    "POST_ULP_MANTISSA",
+    "flat_sum_table",
+    "post_flat_sum",
+    "post_flat_sum_literal",
+    "post_table_text",
+    "post_ulp_lines",
+    "stall_table",
+    "strategy_table",
+]
+
+#: The columns of ``flat_sum.csv`` (docs/notebooks.md).
+FLAT_SUM_COLUMNS = ["n", "fp32_flat", "fp16_flat", "bf16_flat", "bf16_two_level"]
+POST_ULP_MANTISSA = {"fp32": 23, "fp16": 10, "bf16": 8}   # the exponents the post's code prints
+
+
+@njit(cache=True)
+def _post_loop_nb(n, kind):   # pragma: no cover - compiled
+    """The post's Block 3 loop, operation for operation (see post_flat_sum)."""
+    term = 1.0 / n
+    t32 = np.float32(term)
+    if kind == 0 or kind == 3:           # fp32 flat, or the "two-level" column
+        acc = np.float32(0.0)
+        for _ in range(n):
+            acc = np.float32(acc + t32)
+        return float(acc)
+    if kind == 1:                        # bf16: float32 add, then RNE to bf16
+        acc = np.float32(0.0)
+        for _ in range(n):
+            s = np.float32(acc + t32)
+            acc = np.float32(_round_nb(float(s), 0.0, 7, -126, 3.3895313892515355e38, math.inf))
+        return float(acc)
+    # fp16: first step float16(float32(term)); then float16 acc + float16(term), one rounding
+    t16 = _round_nb(term, 0.0, 10, -14, 65504.0, math.inf)
+    acc = _round_nb(float(t32), 0.0, 10, -14, 65504.0, math.inf)
+    for _ in range(n - 1):
+        acc = _add_nb(acc, t16, 10, -14, 65504.0, math.inf)
+    return acc
+
+
+_POST_KINDS = {"fp32": 0, "bf16": 1, "fp16": 2}
+
+
+def post_flat_sum(n: int, kind: str, two_level: bool = False) -> float:
+    """What the post's Block 3 ``flat_sum(n, kind, two_level)`` returns, computed fast.
+
+    Under numpy 2 (NEP 50) the post's loop does: ``acc`` float32, ``term = 1/n`` turned into
+    float32 by ``acc + term``; ``fp32`` and ``two_level=True`` (any kind): a plain float32
+    running sum (the "2-level" column is not two-level at all); ``bf16``: float32 addition,
+    then the bit trick rounds to bf16 (two roundings); ``fp16``: the first step is
+    ``float16(float32(1/n))``, after which ``acc`` is a float16 scalar and every step is
+    ``float16 acc + float16(1/n)``, correctly rounded. Verified against the literal loop
+    (:func:`post_flat_sum_literal`) in the tests.
+    """
+    n = check_int("n", n, lo=1)
+    if kind not in _POST_KINDS:
+        raise ValueError(f"parameter 'kind' must be one of {list(_POST_KINDS)}, got {kind!r}")
+    return float(_post_loop_nb(n, 3 if two_level else _POST_KINDS[kind]))
+
+
+def post_flat_sum_literal(n: int, kind: str, two_level: bool = False) -> float:
+    """The post's Block 3 code, verbatim (a Python loop: slow; for tests and the bench)."""
+    def round_acc(x, kind):
+        if kind == "fp32":
+            return np.float32(x)
+        if kind == "bf16":
+            u = np.asarray(x, np.float32).view(np.uint32)
+            return np.uint32((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+        return np.float16(x)
+
+    term, acc = 1.0 / n, np.float32(0.0)
+    for _ in range(n):
+        acc = np.float32(acc + term) if two_level else round_acc(acc + term, kind)
+    return float(acc)
+
+
+
+def flat_sum_table(n_tokens: list[int]) -> pd.DataFrame:
+    """The post's Block 3 table for ``n_tokens``, as the post's own code computes it under
+    numpy 2 (:func:`post_flat_sum`): columns n, fp32_flat, fp16_flat, bf16_flat, bf16_two_level."""
+    rows = []
+    for n in n_tokens:
+        n = check_int("n_tokens", n, lo=1)
+        rows.append({"n": n, "fp32_flat": post_flat_sum(n, "fp32"), "fp16_flat": post_flat_sum(n, "fp16"),
+                     "bf16_flat": post_flat_sum(n, "bf16"),
+                     "bf16_two_level": post_flat_sum(n, "bf16", two_level=True)})
+    return pd.DataFrame(rows, columns=FLAT_SUM_COLUMNS)
+
+
+def post_table_text(table: pd.DataFrame) -> str:
+    """``table`` printed the way the post's Block 3 prints it (same widths and digits)."""
+    lines = ["Summing n equal weights that must total 1.0 (what softmax guarantees):",
+             f"{'n tokens':>9s} {'fp32 flat':>11s} {'fp16 flat':>11s} {'bf16 flat':>11s} {'bf16 2-level':>13s}"]
+    for r in table.itertuples(index=False):
+        row = [r.fp32_flat, r.fp16_flat, r.bf16_flat, r.bf16_two_level]
+        lines.append(f"{int(r.n):9d} " + " ".join(f"{v:11.6f}" if i < 3 else f"{v:13.6f}"
+                                                 for i, v in enumerate(row)))
+    return "\n".join(lines)
+
+
+def post_ulp_lines() -> list[str]:
+    """The post's three ULP lines, generated by its own formula (exponents 23, 10, 8)."""
+    out = []
+    for kind, mantissa in POST_ULP_MANTISSA.items():
+        out.append(f"  {kind}: 1 ULP at a sum of 1.0 = 2^-{mantissa} = {2.0**-mantissa:.6f} "
+                   f"-> a flat distribution longer than {int(2**mantissa):,} tokens stops accumulating")
+    return out
+
+
+def strategy_table(n_tokens: list[int], block: int = 128, fmt: str = "bf16") -> pd.DataFrame:
+    """Sum of n terms 1/n under each accumulation, next to the post's "2-level" column.
+
+    Columns: n; post_bf16_flat (the post's double rounding); bf16_flat (one rounding per
+    add); post_two_level (the post's column: a float32 running sum); two_level (true
+    two-level: ``block`` terms in ``fmt``, partials into float32); hopper (the FP8
+    tensor-core model, no promotion); hopper_promoted (promotion every 128 terms);
+    post_fp16_flat (the post: 1/n rounded to fp16 first) and fp16_flat (exact 1/n added,
+    one rounding); fp32_flat.
+    """
+    block = check_int("block", block, lo=1)
+    rows = []
+    for n in n_tokens:
+        n = check_int("n_tokens", n, lo=1)
+        x = np.full(n, 1.0 / n)
+        rows.append({"n": n,
+                     "post_bf16_flat": post_flat_sum(n, "bf16"),
+                     f"{fmt}_flat": float(running_sum(x, fmt)),
+                     "post_two_level": post_flat_sum(n, "bf16", two_level=True),
+                     "two_level": float(running_sum(x, fmt, block=block)),
+                     "hopper": float(hopper_sum(x)),
+                     "hopper_promoted": float(hopper_sum(x, promote=128)),
+                     "post_fp16_flat": post_flat_sum(n, "fp16"),
+                     "fp16_flat": float(running_sum(x, "fp16")),
+                     "fp32_flat": float(running_sum(x, "fp32"))})
+    return pd.DataFrame(rows)
+
+
+def stall_table(formats: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "e8m13"),
+                ) -> pd.DataFrame:
+    """Per format: stored fraction bits p, ULP at 1.0, the measured flat-sum limit (largest
+    power-of-two n with sum exactly 1.0), 2^(p+1), and the sums run at the limit and twice it."""
+    rows = []
+    for name in formats:
+        f = parse_format(name)
+        lim = flat_sum_limit(f)
+        rows.append({"format": f.name, "fraction_bits": f.man_bits, "ulp_at_1": f.ulp(1.0),
+                     "limit_n": lim, "two_pow_p_plus_1": 2 ** (f.man_bits + 1),
+                     "sum_at_limit": equal_terms_sum(lim, f) if lim <= 1 << 26 else float("nan"),
+                     "sum_at_2x_limit": equal_terms_sum(2 * lim, f) if lim <= 1 << 25 else float("nan")})
+    return pd.DataFrame(rows)
