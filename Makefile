@@ -14,7 +14,7 @@ JOBS      ?= 2
 PAPERMILL := $(PY) -m papermill --cwd . -k python3 --no-progress-bar --log-level WARNING
 export PYTHONHASHSEED := 0
 
-.PHONY: help setup figures notebooks test lint unit nbval bench sweep real-kv lab clean
+.PHONY: help setup figures notebooks test lint unit nbval bench run sweep real-kv lab clean
 
 help: ## list the targets
 	@echo "kvcost — make targets:"
@@ -61,8 +61,13 @@ nbval: $(STAMP) ## nbval on every committed notebook, from notebooks/, single-th
 bench: $(STAMP) ## speed benchmarks: a table printed and saved to results/bench.csv
 	$(PY) -m kvcost.bench --out results/bench.csv
 
-sweep: $(STAMP) ## long parameter sweeps with papermill (build/sweeps/, results/sweeps/)
-	$(PY) -m kvcost.sweep
+run: $(STAMP) ## one notebook, other parameters: make run NB=03 ARGS='-p margin 1.0' (results/runs/)
+	@test -n "$(NB)" || { echo "usage: make run NB=03 ARGS='-p margin 1.0'   (lists: -p bits '[8, 3]')"; exit 2; }
+	$(PY) -m kvcost.run $(NB) $(ARGS)
+
+sweep: $(STAMP) ## one sweep from sweeps/: make sweep SWEEP=sizing_contexts [ARGS='--jobs 2'] (results/sweeps/)
+	@test -n "$(SWEEP)" || { $(PY) -m kvcost.sweep list; echo; echo "usage: make sweep SWEEP=<name> [ARGS='--jobs 2']"; exit 2; }
+	$(PY) -m kvcost.sweep run $(SWEEP) $(ARGS)
 
 real-kv: $(STAMP) ## extract real K/V from all-MiniLM-L6-v2 into data/real_kv/ (needs torch: installs the [real] extra)
 	$(PY) -m pip install --quiet -e '.[real]'

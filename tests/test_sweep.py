@@ -1,34 +1,233 @@
-"""Sweeps: every sweep names a notebook that exists and parameters that notebook takes."""
+"""Sweeps: YAML files checked against the notebooks' schemas; resumable, atomic, local or on Dask."""
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from kvcost import output, sweep
+import sweep_toys
+from kvcost import sweep
+from kvcost.sweep import cli, store
 
 
-@pytest.mark.parametrize("name", sorted(sweep.SWEEPS))
-def test_sweep_parameters_exist_in_the_notebook(name):
-    spec = sweep.SWEEPS[name]
-    nb = json.loads((output.repo_root() / "notebooks" / spec.notebook).read_text())
-    (cell,) = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
-    source = "".join(cell["source"])
-    for params in spec.runs:
-        for key in params:
-            assert f"{key} =" in source, f"{name}: {spec.notebook} has no parameter {key!r}"
+def write_sweep(folder: Path, text: str, name: str = "toy") -> Path:
+    path = Path(folder) / f"{name}.yaml"
+    path.write_text(text)
+    return path
 
 
-def test_collect_stacks_runs_with_parameters(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep, "repo_root", lambda: tmp_path)
-    monkeypatch.setitem(sweep.SWEEPS, "toy", sweep.Sweep("x.ipynb", [{"a": 1}, {"a": 2}]))
-    for i in range(2):
-        run = tmp_path / "results" / "sweeps" / "toy" / f"run{i:02d}"
-        run.mkdir(parents=True)
-        (run / "t.csv").write_text(f"v\n{i}.5\n")
-    written = sweep.collect("toy")
-    text = written["t.csv"].read_text()
-    assert text == "run,param_a,v\n0,1,0.5\n1,2,1.5\n"
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    sweep_toys.install(monkeypatch, tmp_path)
+    return tmp_path
 
 
-def test_unknown_sweep_is_refused():
-    with pytest.raises(ValueError, match="unknown sweep"):
-        sweep.run_sweep("nope")
+# ----------------------------------------------------------------------------- files and checks
+
+@pytest.mark.parametrize("path", sweep.available(), ids=lambda p: p.stem)
+def test_predefined_sweeps_are_valid(path):
+    s = sweep.load(path.stem)
+    assert s.runs and s.description
+    assert len({r.key for r in s.runs}) == len(s.runs)
+
+
+def test_predefined_sweeps_include_the_long_ones():
+    names = {p.stem for p in sweep.available()}
+    assert {"sizing_contexts", "accumulator_long", "long_range_1m"} <= names
+
+
+def test_grid_is_product_times_zip_plus_fixed():
+    runs = sweep.expand({"f": 1}, {"a": [1, 2], "b": ["x", "y"]}, {"c": [5, 6], "d": [7, 8]})
+    assert len(runs) == 8
+    assert runs[0] == {"f": 1, "a": 1, "b": "x", "c": 5, "d": 7}
+    assert runs[1] == {"f": 1, "a": 1, "b": "x", "c": 6, "d": 8}
+    assert runs[2]["b"] == "y" and runs[-1] == {"f": 1, "a": 2, "b": "y", "c": 6, "d": 8}
+    assert sweep.expand({"f": 1}, {}, {}) == [{"f": 1}]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("product: {a: [1, 2]}\nzip: {a: [3, 4]}", ["'a'", "product", "zip"]),
+    ("zip: {a: [1, 2], b: [1]}", ["same length"]),
+    ("product: {a: 3}", ["product 'a'", "non-empty list"]),
+])
+def test_bad_grid_shapes_are_refused(text, words):
+    with pytest.raises(ValueError) as err:
+        _expand_text(text)
+    for w in words:
+        assert w in str(err.value)
+
+
+def _expand_text(text):
+    import yaml
+    data = yaml.safe_load(text)
+    return sweep.expand(data.get("params", {}), data.get("product", {}), data.get("zip", {}))
+
+
+def test_bad_grid_value_fails_at_once_naming_run_and_parameter(tmp_path):
+    path = write_sweep(tmp_path, "notebook: 01_sizing\nproduct:\n  context: [8192, -5, 1024]\n")
+    with pytest.raises(ValueError, match=r"run 1 \(context=-5\).*'context'"):
+        sweep.load(path)
+    assert not (tmp_path / "results").exists()
+
+
+def test_unknown_parameter_in_a_sweep_is_named(tmp_path):
+    path = write_sweep(tmp_path, "notebook: 04\nparams: {n_token: [64]}\n")
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['n_token'\]"):
+        sweep.load(path)
+
+
+def test_a_sweep_may_not_choose_out_dir(tmp_path):
+    path = write_sweep(tmp_path, "notebook: 04\nparams: {out_dir: elsewhere}\n")
+    with pytest.raises(ValueError, match="out_dir"):
+        sweep.load(path)
+
+
+def test_unknown_sweep_and_unknown_keys_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown sweep 'nope'"):
+        sweep.load("nope")
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['grid'\]"):
+        sweep.load(write_sweep(tmp_path, "notebook: 04\ngrid: {n_tokens: [[64]]}\n"))
+    assert cli.main(["run", "nope"]) == 2
+
+
+def test_keys_change_with_parameters_and_notebook_code(toy):
+    s = sweep.load(write_sweep(toy, "notebook: toy_sweep.ipynb\nproduct: {x: [1, 2]}\n"))
+    assert s.runs[0].key != s.runs[1].key
+    nb = toy / "toy_sweep.ipynb"
+    nb.write_text(nb.read_text().replace("print(\\\"toy\\\", x)", "print(\\\"toy!\\\", x)"))
+    assert sweep.load(s.path).runs[0].key != s.runs[0].key
+
+
+# ----------------------------------------------------------------------------- combined tables
+
+def test_combined_tables_name_the_missing_runs(toy):
+    s = sweep.load(write_sweep(toy, "notebook: toy_sweep.ipynb\nproduct: {x: [1, 2, 3]}\n"))
+    out = toy / "out"
+    for run in s.runs[:2]:
+        status = "finished" if run.index == 0 else "failed"
+        store.save_run(out, run.key, {"toy.csv": f"v,w\n{run.index}.5,\"a, b\"\n".encode()}, {"status": status})
+    tables = store.combine(s, out)
+    assert tables["toy.csv"].read_text() == 'run,param_x,v,w,missing_runs\n0,1,0.5,"a, b",1 2\n'
+    assert json.loads((out / store.TABLES_FILE).read_text()) == ["toy.csv"]
+    # once nothing that wrote a table is finished, the stale combined table goes
+    store.save_run(out, s.runs[0].key, {}, {"status": "failed"})
+    assert store.combine(s, out) == {} and not (out / "toy.csv").exists()
+
+
+# ----------------------------------------------------------------------------- running
+
+def toy_sweep(folder, xs, extra=""):
+    return sweep.load(write_sweep(folder, f"notebook: toy_sweep.ipynb\n{extra}product:\n  x: {xs}\n"))
+
+
+def table_bytes(out):
+    return {p.name: p.read_bytes() for p in sorted(Path(out).glob("*.csv"))}
+
+
+def test_four_point_sweep_on_a_local_cluster_matches_a_serial_run(toy):
+    s = toy_sweep(toy, [1, 2, 3, 4])
+    on_cluster = sweep.run_sweep(s, toy / "cluster", jobs=2, scheduler="local", progress=False)
+    assert on_cluster.complete and on_cluster.finished_now == 4, on_cluster.failed
+    serial = sweep.run_sweep(s, toy / "serial", jobs=1, progress=False)
+    assert serial.complete
+    assert table_bytes(toy / "cluster") == table_bytes(toy / "serial")
+    text = (toy / "serial" / "toy.csv").read_text().splitlines()
+    assert text[0] == "run,param_x,x,third,label,missing_runs"
+    assert text[1] == '0,1,1,0.3333333333333333,"a, b",' and len(text) == 9
+    run = sweep.run_dir(toy / "cluster", s.runs[2].key)
+    assert sorted(p.name for p in run.iterdir()) == ["other.csv", "run.json", "run.log", "toy.csv",
+                                                     "toy.png", "toy_sweep.ipynb"]
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["status"] == "finished" and rec["params"] == {"x": 3} and rec["peak_memory_mib"] > 10
+    assert "peak memory" in (run / "run.log").read_text()
+
+
+def test_interrupted_sweep_resumes_without_rerunning_finished_runs(toy):
+    counter = toy / "counter.txt"
+    s = toy_sweep(toy, [1, 2, 3], extra=f"params: {{counter: '{counter}'}}\n")
+    out = toy / "out"
+
+    def stop_after_first(run, result):
+        raise KeyboardInterrupt
+
+    first = sweep.run_sweep(s, out, progress=False, on_result=stop_after_first)
+    assert first.interrupted and first.finished == 1
+    assert counter.read_text().split() == ["1"]
+    assert (out / "toy.csv").read_text().splitlines()[-1].endswith(",1 2")   # rebuilt, missing runs named
+    done = sweep.run_dir(out, s.runs[0].key) / "run.json"
+    stamp = done.stat().st_mtime_ns
+    second = sweep.run_sweep(s, out, progress=False)
+    assert second.complete and second.finished_before == 1 and second.finished_now == 2
+    assert counter.read_text().split() == ["1", "2", "3"]          # run 0 was not executed again
+    assert done.stat().st_mtime_ns == stamp
+    assert not list((out / "runs").glob(".*"))                     # no partial folders left
+
+
+def test_failed_run_is_recorded_the_others_finish_and_retry_is_explicit(toy):
+    s = toy_sweep(toy, [1, 2, 3], extra="params: {fail_at: 2}\n")
+    out = toy / "out"
+    outcome = sweep.run_sweep(s, out, jobs=2, progress=False)
+    assert outcome.finished_now == 2 and not outcome.complete
+    [(run, error)] = outcome.failed
+    assert run.index == 1 and "RuntimeError: toy failure at x=2" in error
+    assert sweep.state(out, run.key) == "failed"
+    assert "toy failure" in (sweep.run_dir(out, run.key) / "run.log").read_text()
+    assert (out / "toy.csv").read_text().splitlines()[1].endswith(",1")
+    again = sweep.run_sweep(s, out, progress=False)
+    assert again.finished_now == 0 and [r.index for r in again.failed_skipped] == [1]
+    retried = sweep.run_sweep(s, out, progress=False, retry_failed=True)
+    assert len(retried.failed) == 1 and retried.failed_skipped == []
+
+
+def test_cli_exit_codes_status_and_ctrl_c(toy):
+    counter = toy / "counter.txt"
+    path = write_sweep(toy, f"notebook: toy_sweep.ipynb\nparams: {{counter: '{counter}'}}\n"
+                            "product:\n  x: [1, 2, 3, 4]\n")
+    out = toy / "out"
+    # a child process: the toy schema is registered by a tiny wrapper around the CLI
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import sweep_toys; "
+            "from kvcost import notebook_params; notebook_params.SCHEMAS[sweep_toys.STEM] = sweep_toys.SCHEMA; "
+            "from kvcost.sweep import cli; sys.exit(cli.main(sys.argv[1:]))")
+    cmd = [sys.executable, "-c", code, "run", str(path), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while not list((out / "runs").glob("*/run.json")) and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)            # what Ctrl-C in a terminal sends
+    _stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and "\r" not in ln and "it/s" not in ln
+             and "run/s" not in ln and "s/run" not in ln]
+    assert "Traceback" not in stderr and len(lines) == 1, stderr
+    assert lines[0].startswith("interrupted: ") and "resume with: python -m kvcost.sweep run" in lines[0]
+    finished_first = len(counter.read_text().split())
+    status = subprocess.run([*cmd[:3], "status", str(path), "--out", str(out)], capture_output=True, text=True)
+    assert status.returncode == 1 and "not run" in status.stdout
+    done = subprocess.run([*cmd, "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "4 of 4 runs finished" in done.stdout
+    assert len(counter.read_text().split()) <= finished_first + 4 - 1   # finished runs were skipped
+    status = subprocess.run([*cmd[:3], "status", str(path), "--out", str(out)], capture_output=True, text=True)
+    assert status.returncode == 0 and "4 finished, 0 failed, 0 not run" in status.stdout
+
+
+def test_real_notebook_sweep_two_at_a_time(tmp_path):
+    path = write_sweep(tmp_path, "notebook: 04_accumulator_floor\ndescription: tiny\n"
+                                 "params: {compare_n: [156]}\nproduct:\n  n_tokens: [[64], [256]]\n")
+    outcome = sweep.run_sweep(sweep.load(path), tmp_path / "out", jobs=2, progress=False)
+    assert outcome.complete, outcome.failed
+    text = (tmp_path / "out" / "flat_sum.csv").read_text().splitlines()
+    assert text[0].startswith("run,param_n_tokens,") and text[0].endswith(",missing_runs")
+    assert [ln.split(",")[:3] for ln in text[1:]] == [["0", "[64]", "64"], ["1", "[256]", "256"]]
+    assert not list(Path(tmp_path / "out").glob("**/figures"))
+
+
+def test_list_shows_runs_and_estimates(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "sizing_contexts" in out and "estimated time" in out
+    assert cli.duration(30) == "30 s" and cli.duration(600) == "10 min" and cli.duration(7200) == "2.0 h"

@@ -1,0 +1,30 @@
+"""Parameter sweeps over the notebooks: YAML files in ``sweeps/``, resumable, local or on Dask.
+
+    python -m kvcost.sweep list
+    python -m kvcost.sweep run sizing_contexts [--jobs N] [--scheduler tcp://host:8786|local]
+    python -m kvcost.sweep status sizing_contexts
+
+``spec`` reads and checks a sweep file, ``store`` keeps each run's folder and the combined
+tables, ``execute`` schedules the runs, ``cli`` is the command line. docs/sweeps.md has more.
+"""
+from .cli import main
+from .execute import Outcome, pending, run_sweep
+from .spec import Run, Sweep, available, expand, load
+from .store import MISSING_COLUMN, combine, record, run_dir, state
+
+__all__ = [
+           "MISSING_COLUMN",
+           "Outcome",
+           "Run",
+           "Sweep",
+           "available",
+           "combine",
+           "expand",
+           "load",
+           "main",
+           "pending",
+           "record",
+           "run_dir",
+           "run_sweep",
+           "state",
+]

@@ -1,0 +1,134 @@
+"""``python -m kvcost.sweep list | run NAME_OR_PATH | status NAME_OR_PATH`` (``make sweep``)."""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..output import repo_root
+from ..runner import LOG_FILE
+from .execute import Outcome, run_sweep
+from .spec import Sweep, available, describe, load
+from .store import record, run_dir, seconds_per_run, state
+
+__all__ = ["duration", "main"]
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``3.2 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _shown(path: Path) -> str:
+    path = Path(path).resolve()
+    return f"{path.relative_to(repo_root())}" if path.is_relative_to(repo_root()) else str(path)
+
+
+def _estimate(sweep: Sweep, out: Path, runs: int) -> str:
+    per_run = seconds_per_run(sweep, out)
+    if per_run is None:
+        return "not measured"
+    seconds, source = per_run
+    return f"~{duration(seconds * runs)} ({duration(seconds)}/run, {source})"
+
+
+def _list() -> int:
+    rows = []
+    for path in available():
+        try:
+            sweep = load(path)
+        except ValueError as err:
+            rows.append((path.stem, "?", "?", "?", f"INVALID: {err}"))
+            continue
+        out = sweep.default_out()
+        done = sum(state(out, run.key) == "finished" for run in sweep.runs)
+        rows.append((sweep.name, sweep.stem, str(len(sweep.runs)), f"{done}",
+                     f"{_estimate(sweep, out, len(sweep.runs))}  {sweep.description}"))
+    head = ("sweep", "notebook", "runs", "finished", "estimated time (one run at a time)  description")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+    for row in [head, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4])
+    return 0
+
+
+def _status(sweep: Sweep, out: Path) -> int:
+    counts = {"finished": 0, "failed": 0, "not run": 0}
+    print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.stem} in {_shown(out)}/")
+    for run in sweep.runs:
+        st = state(out, run.key)
+        counts[st] += 1
+        rec = record(out, run.key) or {}
+        cost = (f"{duration(rec.get('seconds', 0))}, {rec.get('peak_memory_mib', 0):g} MiB"
+                if st != "not run" else "")
+        note = f"  {rec.get('error', '')}" if st == "failed" else ""
+        print(f"  run {run.index:<3d} {st:9s} {cost:18s} {describe(run.params, sweep.grid_names)}{note}")
+    print(f"{counts['finished']} finished, {counts['failed']} failed, {counts['not run']} not run")
+    return 0 if counts["finished"] == len(sweep.runs) else 1
+
+
+def _report(sweep: Sweep, out: Path, outcome: Outcome, resume: str) -> int:
+    where = _shown(out)
+    if outcome.interrupted:
+        print(f"interrupted: {outcome.finished} of {outcome.total} runs finished ({outcome.finished_now} this time), "
+              f"results in {where}/; resume with: {resume}", file=sys.stderr)
+        return 130
+    for run, error in outcome.failed:
+        print(f"run {run.index} ({describe(run.params, sweep.grid_names)}) failed: {error}\n"
+              f"  log: {_shown(run_dir(out, run.key))}/{LOG_FILE}", file=sys.stderr)
+    if outcome.failed_skipped:
+        print(f"{len(outcome.failed_skipped)} run(s) failed earlier and were not retried "
+              f"({', '.join(str(r.index) for r in outcome.failed_skipped)}); --retry-failed retries them",
+              file=sys.stderr)
+    tables = ", ".join(outcome.tables) or "none"
+    print(f"{sweep.name}: {outcome.finished} of {outcome.total} runs finished ({outcome.finished_now} now, "
+          f"in {duration(outcome.seconds)}); tables in {where}/: {tables}")
+    return 0 if outcome.complete else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m kvcost.sweep",
+                                     description="Parameter sweeps over the notebooks (YAML files in sweeps/).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the predefined sweeps: runs, finished, estimated time")
+    run_p = sub.add_parser("run", help="run a sweep's unfinished runs (finished runs are skipped)")
+    status_p = sub.add_parser("status", help="each run of a sweep: finished, failed or not run")
+    for p in (run_p, status_p):
+        p.add_argument("sweep", metavar="NAME_OR_PATH", help="a name in sweeps/ or a path to a YAML file")
+        p.add_argument("--out", help="the sweep's folder (default results/sweeps/<name>)")
+    run_p.add_argument("--jobs", type=int, default=None,
+                       help="runs at once on this machine, or LocalCluster workers with --scheduler local")
+    run_p.add_argument("--scheduler", metavar="ADDRESS|local",
+                       help="a Dask scheduler (tcp://host:8786), or 'local' for a LocalCluster")
+    run_p.add_argument("--retry-failed", action="store_true", help="run again the runs that failed before")
+    run_p.add_argument("--kernel", default="python3", help="Jupyter kernel (default python3)")
+    run_p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "list":
+            return _list()
+        sweep = load(args.sweep)
+        out = Path(args.out).resolve() if args.out else sweep.default_out()
+        if args.command == "status":
+            return _status(sweep, out)
+        jobs = args.jobs or ((os.cpu_count() or 1) if args.scheduler == "local" else 1)
+        print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.stem} -> {_shown(out)}/", flush=True)
+        outcome = run_sweep(sweep, out, jobs=jobs, scheduler=args.scheduler, retry_failed=args.retry_failed,
+                            kernel=args.kernel, progress=not args.no_progress)
+        return _report(sweep, out, outcome, "python -m kvcost.sweep " + shlex.join(argv))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (OSError, TimeoutError) as err:
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted before any run started", file=sys.stderr)
+        return 130
