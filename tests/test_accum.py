@@ -78,7 +78,7 @@ def ref_hopper(xs, group, keep_bits, promote):
     tc, fp, since = Fraction(0), Fraction(0), 0
     xs = [Fraction(float(x)) for x in xs]
     for g0 in range(0, len(xs), group):
-        items = [tc] + xs[g0:g0 + group]
+        items = [tc, *xs[g0:g0 + group]]
         mx = max(abs(v) for v in items)
         if mx > 0:
             e = math.floor(math.log2(mx))

@@ -44,9 +44,8 @@ def ref_round(v: Fraction | float, fmt: str, mode: str, saturate: bool = False) 
     a = abs(v)
     q = Fraction(2) ** (max(_floor_log2(a), f.emin) - f.man_bits)
     k, rem = divmod(a, q)                       # a = k*q + rem, 0 <= rem < q
-    if mode == "nearest":
-        if rem * 2 > q or (rem * 2 == q and k % 2 == 1):
-            k += 1
+    if mode == "nearest" and (rem * 2 > q or (rem * 2 == q and k % 2 == 1)):
+        k += 1
     res = k * q
     fmax = Fraction(f.max)
     if res > fmax:

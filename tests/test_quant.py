@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
-from kvcost import quant, synthetic
+from kvcost import attention, ggml, quant, synthetic
+from kvcost.experiments import axis
 
 
 def post_quant(x, bits, axis):
@@ -28,7 +32,7 @@ def test_intk_symmetric_is_bit_identical_to_post(bits):
 
 def test_axis_table_reproduces_post_printed_digits():
     k, v = synthetic.post_axis_cache(np.random.default_rng(7), 4096, 128)
-    df = quant.axis_table(k, v, [8, 4, 2])
+    df = axis.axis_table(k, v, [8, 4, 2])
     assert list(df.columns) == ["cache", "bits", "per_token", "per_channel", "winner"]
     printed = [("K", 8, "1.212e-02", "8.506e-03", "per-channel"),
                ("K", 4, "2.199e-01", "1.542e-01", "per-channel"),
@@ -46,13 +50,11 @@ def test_axis_table_reproduces_post_printed_digits():
 def test_axis_table_bad_bits(bits):
     k = np.ones((4, 4))
     with pytest.raises(ValueError, match="'bits'"):
-        quant.axis_table(k, k, [bits])
+        axis.axis_table(k, k, [bits])
 
 
 # ---------------------------------------------------------------- int-k: bounds, groups, KIVI
 
-from hypothesis import given, settings, strategies as st
-from hypothesis.extra import numpy as hnp
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
@@ -113,7 +115,8 @@ def test_intk_zeros_constants_outliers():
     np.testing.assert_array_equal(quant.intk_roundtrip(c, 4, "token", symmetric=False), c)  # exact
     np.testing.assert_allclose(quant.intk_roundtrip(c, 4, "token"), c, rtol=1e-15)
     # one outlier token wipes out the small channels of its channel scale at 4 bits
-    x = np.ones((4, 2)); x[0, 0] = 1000.0
+    x = np.ones((4, 2))
+    x[0, 0] = 1000.0
     y = quant.intk_roundtrip(x, 4, "channel")
     np.testing.assert_array_equal(y[:, 0], [1000.0, 0.0, 0.0, 0.0])
     np.testing.assert_array_equal(y[:, 1], [1.0, 1.0, 1.0, 1.0])
@@ -163,7 +166,8 @@ def test_ggml_q4_0_known_block_and_clamp():
     np.testing.assert_array_equal(y, expected)
     assert y[0] == -16 and y[1] == -14 and y[2] == -14 and y[31] == 14
     # the opposite sign at full magnitude loses a whole step
-    b = np.ones(32, dtype=np.float32); b[0] = -1
+    b = np.ones(32, dtype=np.float32)
+    b[0] = -1
     np.testing.assert_array_equal(quant.ggml_roundtrip(b, "q4_0")[1:], np.float32(0.875))
     b5 = quant.ggml_roundtrip(b, "q5_0")
     np.testing.assert_array_equal(b5[1:], np.float32(15 / 16))
@@ -234,7 +238,7 @@ def test_ggml_iq4_nl_bound_and_levels():
     y = quant.ggml_roundtrip(x, "iq4_nl")
     # each value is a stored fp16 scale times one of the 16 levels
     np.testing.assert_array_equal(y.reshape(-1, 32), b.d.reshape(-1, 1).astype(np.float32)
-                                  * quant.IQ4NL_VALUES[b.q.reshape(-1, 32)].astype(np.float32))
+                                  * ggml.IQ4NL_VALUES[b.q.reshape(-1, 32)].astype(np.float32))
     # codes are nearest levels under s0 = max/-127; the widest gap is 24 and the top level 113 of
     # a possible 127 (opposite sign), so |x - s0*v| <= 14|s0|; the final (least-squares) scale d
     # moves each value by |v| |d - s0| <= 127 |d - s0|
@@ -313,8 +317,8 @@ def test_hadamard_scores_invariant_exactly_in_integers():
     hk = quant.hadamard_rotate(k, normalized=False)
     assert hq.dtype == np.int64
     np.testing.assert_array_equal(hk @ hq, 128 * (k @ q))
-    np.testing.assert_array_equal(quant.hadamard_matrix(8, normalized=False) @ quant.hadamard_matrix(8, normalized=False),
-                                  8 * np.eye(8, dtype=np.int64))
+    h8 = quant.hadamard_matrix(8, normalized=False)
+    np.testing.assert_array_equal(h8 @ h8, 8 * np.eye(8, dtype=np.int64))
 
 
 def test_hadamard_scores_invariant_in_float_and_involution():
@@ -331,9 +335,10 @@ def test_hadamard_scores_invariant_in_float_and_involution():
 def test_hadamard_spreads_channel_outliers():
     # the point of rotating: per-token 4-bit error of K with outlier channels drops
     rng = np.random.default_rng(1)
-    k = rng.normal(0, 1, (512, 128)); k[:, ::16] *= 8
-    plain = quant.rel_l2(quant.intk_roundtrip(k, 4, "token"), k)
-    rot = quant.rel_l2(quant.rotated_roundtrip(k, lambda y: quant.intk_roundtrip(y, 4, "token")), k)
+    k = rng.normal(0, 1, (512, 128))
+    k[:, ::16] *= 8
+    plain = attention.rel_l2(quant.intk_roundtrip(k, 4, "token"), k)
+    rot = attention.rel_l2(quant.rotated_roundtrip(k, lambda y: quant.intk_roundtrip(y, 4, "token")), k)
     assert rot < 0.6 * plain
 
 
@@ -407,9 +412,9 @@ def test_intk_bad_input():
 
 
 def test_scheme_bits_of_the_post_int_k_split_k_and_v():
-    (post4,) = [s for s in quant.standard_schemes([4]) if s.name.startswith("int4 post")]
-    assert quant.scheme_bits(post4, 128, "k") == 4.0        # per-channel scales: constant
-    assert quant.scheme_bits(post4, 128, "v") == 4.25       # + 32-bit scale per 128 values
-    assert quant.scheme_bits(post4, 128) == 4.125
+    (post4,) = [s for s in axis.standard_schemes([4]) if s.name.startswith("int4 post")]
+    assert axis.scheme_bits(post4, 128, "k") == 4.0        # per-channel scales: constant
+    assert axis.scheme_bits(post4, 128, "v") == 4.25       # + 32-bit scale per 128 values
+    assert axis.scheme_bits(post4, 128) == 4.125
     with pytest.raises(ValueError, match="'cache'"):
-        quant.scheme_bits(post4, 128, "q")
+        axis.scheme_bits(post4, 128, "q")

@@ -11,6 +11,8 @@ import pandas as pd
 import pytest
 
 from kvcost import post, realkv, synthetic
+from kvcost.claims import realkv as realkv_claims
+from kvcost.experiments import realkv as realkv_exp
 from kvcost.output import repo_root
 
 
@@ -101,7 +103,7 @@ def test_top_outlier_tokens_order():
 
 def test_axis_by_head_reproduces_the_posts_axis_table():
     _, k, v = synthetic.post_stream(7, 4096, 128)
-    by_head = realkv.axis_by_head(k, v, [8, 4, 2])
+    by_head = realkv_exp.axis_by_head(k, v, [8, 4, 2])
     printed = post.axis_table()
     assert len(by_head) == len(printed) == 6
     for got, want in zip(by_head.to_dict("records"), printed.to_dict("records")):
@@ -109,16 +111,15 @@ def test_axis_by_head_reproduces_the_posts_axis_table():
         assert format(got["per_token"], ".3e") == want["per_token"]
         assert format(got["per_channel"], ".3e") == want["per_channel"]
         assert got["winner"] == want["winner"]
-        assert realkv.POST_WINNERS[(want["cache"], int(want["bits"]))] == want["winner"]
 
 
 def test_axis_summary_and_verdict_on_the_posts_cache_all_hold():
     _, k, v = synthetic.post_stream(7, 4096, 128)
-    by_head = realkv.axis_by_head(k, v, [8, 4, 2])
-    summary = realkv.axis_summary(k, v, by_head)
+    by_head = realkv_exp.axis_by_head(k, v, [8, 4, 2])
+    summary = realkv_exp.axis_summary(k, v, by_head)
     assert summary["winner"].tolist() == summary["post_winner"].tolist()
     assert summary["per_channel_heads"].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
-    checks = realkv.verdict_checks(realkv.channel_outlier_table(k, 3.0),
+    checks = realkv_claims.verdict_checks(realkv.channel_outlier_table(k, 3.0),
                                    realkv.token_outlier_table(v, 3.0), summary)
     assert len(checks) == 9 and all(c.agrees for c in checks)
     assert checks[-1].claim == "K flips from per-channel to per-token at 2 bits"
@@ -127,9 +128,9 @@ def test_axis_summary_and_verdict_on_the_posts_cache_all_hold():
 def test_verdict_fails_without_outliers():
     rng = np.random.default_rng(0)
     g = rng.normal(size=(2, 64, 16))          # two plain Gaussian heads
-    by_head = realkv.axis_by_head(g, g, [8])
-    summary = realkv.axis_summary(g, g, by_head)
-    checks = realkv.verdict_checks(realkv.channel_outlier_table(g, 3.0),
+    by_head = realkv_exp.axis_by_head(g, g, [8])
+    summary = realkv_exp.axis_summary(g, g, by_head)
+    checks = realkv_claims.verdict_checks(realkv.channel_outlier_table(g, 3.0),
                                    realkv.token_outlier_table(g, 3.0), summary)
     assert [c.agrees for c in checks[:2]] == [False, False]
     assert len(checks) == 4                    # no flip row without a 2-bit row
@@ -139,10 +140,10 @@ def test_verdict_fails_without_outliers():
 def test_grouped_axis_table_equal_span():
     x = np.ones((4, 2))
     x[:, 0] = [1.0, 2.0, 3.0, 4.0]
-    table = realkv.grouped_axis_table(x, x, [8], token_group=2)
+    table = realkv_exp.grouped_axis_table(x, x, [8], token_group=2)
     assert table.columns.tolist() == ["cache", "bits", "per_token", "per_channel_grouped", "winner"]
     with pytest.raises(ValueError, match="token_group"):
-        realkv.grouped_axis_table(x, x, [8], token_group=3)
+        realkv_exp.grouped_axis_table(x, x, [8], token_group=3)
 
 
 @pytest.mark.parametrize("bad", [1.0, 0.5, float("nan"), "3", True])
@@ -220,18 +221,3 @@ def test_library_does_not_import_torch():
     code = "import sys, kvcost.realkv; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-
-
-@pytest.mark.parametrize("params,name", [({"outlier_threshold": 1.0}, "outlier_threshold"),
-                                         ({"bits": [1]}, "bits"),
-                                         ({"data_path": "data/real_kv/missing.npz"}, "path")])
-def test_notebook_07_refuses_bad_parameters_in_its_validation_cell(params, name, tmp_path):
-    pm = pytest.importorskip("papermill")
-    nb_dir = repo_root() / "notebooks"
-    with pytest.raises(pm.PapermillExecutionError) as info:
-        pm.execute_notebook(str(nb_dir / "07_real_kv.ipynb"), str(tmp_path / "out.ipynb"),
-                            parameters={**params, "out_dir": str(tmp_path / "results")},
-                            cwd=str(nb_dir), kernel_name="python3", progress_bar=False)
-    assert info.value.ename == "ValueError"
-    assert f"'{name}" in info.value.evalue
-    assert info.value.exec_count == 3

@@ -1,7 +1,8 @@
 """Vendor-table arithmetic: each checkable number recomputed from geometry and block sizes."""
 import pytest
 
-from kvcost import vendors
+from kvcost.claims import vendors
+from kvcost.experiments import vendors as vendor_data
 
 
 def _by_claim(fragment):
@@ -10,7 +11,7 @@ def _by_claim(fragment):
 
 
 def test_measurements_have_a_citation_per_row():
-    df = vendors.load_measurements()
+    df = vendor_data.load_measurements()
     assert len(df) == 9
     assert (df.citation.str.len() > 0).all()
 
@@ -49,7 +50,7 @@ def test_checks_table_has_the_contract_columns():
 
 
 def test_published_numbers_come_from_the_data_file():
-    assert vendors.published("dgx_spark_kv_q8_0_mib") == 408
-    assert vendors.published("q4_k_m_weights_gib") == 4.68
+    assert vendor_data.published("dgx_spark_kv_q8_0_mib") == 408
+    assert vendor_data.published("q4_k_m_weights_gib") == 4.68
     with pytest.raises(ValueError, match="'key'"):
-        vendors.published("nope")
+        vendor_data.published("nope")

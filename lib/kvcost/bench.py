@@ -1,8 +1,8 @@
 """Speed benchmarks: ``python -m kvcost.bench --out results/bench.csv`` (``make bench``).
 
 Each benchmark is a function returning :class:`BenchResult` rows; :data:`BENCHMARKS` lists
-them, and other modules can append their own (``bench.register``). The table printed and
-saved has: case, seconds, ratio or throughput, the bar it must reach, passes.
+them. The table printed and saved has: case, seconds, ratio or throughput, the bar it must
+reach, passes.
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import accum
-from .experiments import flat_sum
+from . import accum, attention, floats, synthetic, tensorcore
+from .experiments import flat_sum, needle
 
-__all__ = ["BenchResult", "BENCHMARKS", "register", "run", "main"]
+__all__ = ["BENCHMARKS", "BenchResult", "main", "run"]
 
 
 @dataclass(frozen=True)
@@ -34,15 +34,6 @@ class BenchResult:
     note: str = ""
 
 
-BENCHMARKS: list[Callable[[], list[BenchResult]]] = []
-
-
-def register(fn: Callable[[], list[BenchResult]]) -> Callable[[], list[BenchResult]]:
-    """Add a benchmark function (returns a list of BenchResult) to the suite."""
-    BENCHMARKS.append(fn)
-    return fn
-
-
 def _best_of(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
     best, out = float("inf"), None
     for _ in range(repeat):
@@ -52,7 +43,6 @@ def _best_of(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
     return best, out
 
 
-@register
 def bench_post_block3_bf16() -> list[BenchResult]:
     """The post's Block 3 loop (bf16, n = 131,072) vs accum.running_sum and post_flat_sum."""
     n = 131_072
@@ -73,7 +63,6 @@ def bench_post_block3_bf16() -> list[BenchResult]:
     return rows
 
 
-@register
 def bench_e8m13_flat() -> list[BenchResult]:
     """Flat e8m13 accumulation (no numpy dtype: the compiled loop), 2^20 x 64 terms."""
     n, k = 1 << 20, 64
@@ -87,11 +76,9 @@ def bench_e8m13_flat() -> list[BenchResult]:
                         "each addition exact then rounded once; columns in parallel")]
 
 
-@register
 def bench_needle_table() -> list[BenchResult]:
     """The post's needle table (50 trials x 4 bit pairs): kvcost's prefetched, single-BLAS-thread
     loop against a plain serial loop over the same stream (the post's own structure)."""
-    from . import needle, synthetic
     args = dict(seed=7, n_tokens=4096, head_dim=128, trials=50, margin=0.5)
     pairs = [(8, 8), (4, 4), (3, 3), (2, 2)]
 
@@ -100,7 +87,8 @@ def bench_needle_table() -> list[BenchResult]:
         flips = []
         for kb, vb in pairs:
             k_rt, v_rt = needle.post_roundtrips(kb, vb)
-            flips.append(sum(needle.trial_errors(synthetic.post_needle_trial(rng, 4096, 128, 0.5), k_rt, v_rt).flipped
+            draw = synthetic.post_needle_trial
+            flips.append(sum(attention.trial_errors(draw(rng, 4096, 128, 0.5), k_rt, v_rt).flipped
                              for _ in range(args["trials"])))
         return flips
 
@@ -113,13 +101,11 @@ def bench_needle_table() -> list[BenchResult]:
                         f"serial {t_serial:.2f} s; flips {'identical' if same else 'DIFFERENT'}")]
 
 
-@register
 def bench_tensorcore_dot() -> list[BenchResult]:
     """FP8 tensor-core emulation: tensorcore.dot (compiled) vs dot_reference (the same arithmetic
     in plain numpy, vectorized over columns), e4m3 operands. Long dot products (a decode row's
     P.V, 131,072 terms) must be >= 20x faster; wide ones (8,192 terms x 256 columns, where numpy
     vectorizes well) are reported against a bar of 1x."""
-    from . import floats, tensorcore
     rng = np.random.default_rng(0)
     a = floats.round_to(rng.random((8192, 256)) * 4, "fp8_e4m3")
     b = floats.round_to(rng.standard_normal((8192, 256)), "fp8_e4m3")
@@ -137,6 +123,14 @@ def bench_tensorcore_dot() -> list[BenchResult]:
                                     "x faster", bar, same and ratio >= bar,
                                     f"numpy {t_ref:.3f} s; results {'identical' if same else 'DIFFERENT'}"))
     return rows
+
+
+BENCHMARKS: list[Callable[[], list[BenchResult]]] = [
+    bench_post_block3_bf16,
+    bench_e8m13_flat,
+    bench_needle_table,
+    bench_tensorcore_dot,
+]
 
 
 def run(benchmarks: list[Callable[[], list[BenchResult]]] | None = None) -> pd.DataFrame:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import accum, floats, formats, longrange, models, needle
+from . import accum, floats, formats, longrange, models
+from .experiments import needle
 from .params import (Bool, Custom, Float, FloatList, Int, IntList, Pairs, Params, PathStr, Schema, Str,
                      StrList)
 

@@ -6,17 +6,24 @@ Every value is returned as the printed string; the column names follow the CSV t
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 
 import pandas as pd
 
 from .output import repo_root
 
-__all__ = ["block_text", "sizing_table", "sizing_listing", "axis_table", "needle_table",
-           "flat_sum_table", "ulp_lines"]
+__all__ = [
+    "axis_table",
+    "block_text",
+    "flat_sum_table",
+    "needle_table",
+    "sizing_listing",
+    "sizing_table",
+    "ulp_lines",
+]
 
 
-@lru_cache(maxsize=None)
+@cache
 def block_text(block: int) -> str:
     """The verbatim printed output of the post's Block ``block`` (1, 2 or 3)."""
     if block not in (1, 2, 3):

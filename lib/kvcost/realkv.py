@@ -1,18 +1,10 @@
-"""Real K and V from a small transformer, and the statistics that test the post's assumption.
+"""Real K and V from a small transformer: the file format, and the statistics that test the post's assumption.
 
-The post builds its axis test on an *assumed* structure: keys with persistent outlier
-channels (``K[:, ::16] *= 4``) and values with outlier tokens (``V[::64, :] *= 6``). This module
-loads keys and values captured from a real model (``data/real_kv/``, written by
-``scripts/extract_real_kv.py``; see the README there) and measures that structure:
-
-- channel statistics of a cache ``(..., tokens, channels)``: each channel's RMS over tokens
-  against the head's median channel, and whether the channel is large on the *typical* token
-  (persistent) or only on a few;
-- token statistics: each token's L2 norm over channels against the head's median token;
-- the post's axis table per layer and head, with the post's own quantizer
-  (:func:`kvcost.quant.intk_roundtrip`).
-
-Nothing here imports torch: the notebook reads only the committed ``.npz``.
+The post's axis test assumes keys with persistent outlier channels and values with outlier
+tokens. ``data/real_kv/`` holds keys and values captured from a real model (written by
+``scripts/extract_real_kv.py``); this module loads them and measures that structure: channel
+RMS against the head's median channel (and whether a channel is large on the *typical* token),
+and token norms against the head's median token. Nothing here imports torch.
 """
 from __future__ import annotations
 
@@ -27,28 +19,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import quant
 from .output import repo_root
-from .claims.report import Check
 
 __all__ = [
-    "DEFAULT_PATH", "RealKV", "load_real_kv", "save_real_kv", "without_special",
-    "channel_rms", "channel_ratio", "channel_typical_ratio", "channel_outlier_table",
-    "channel_heatmap", "token_norm_ratio", "token_outlier_table", "token_outlier_share",
-    "top_outlier_tokens", "structure_table", "axis_by_head", "axis_summary", "grouped_axis_table", "POST_WINNERS",
-    "verdict_checks",
+    "DEFAULT_PATH", "RealKV", "as4d", "channel_heatmap", "channel_outlier_table", "channel_ratio", "channel_rms",
+    "channel_typical_ratio", "load_real_kv", "save_real_kv", "structure_table", "token_norm_ratio",
+    "token_outlier_share", "token_outlier_table", "top_outlier_tokens", "without_special",
 ]
 
 DEFAULT_PATH = Path("data") / "real_kv" / "minilm_l6_kv.npz"
 
 # The arrays a real-K/V file holds, besides the JSON metadata string ``meta``.
 _ARRAYS = ("k", "v", "token_ids", "tokens", "window", "special")
-
-# The winners the post prints in Block 2's axis table (checked against kvcost.post in the tests).
-POST_WINNERS: dict[tuple[str, int], str] = {
-    ("K", 8): "per-channel", ("K", 4): "per-channel", ("K", 2): "per-token",
-    ("V", 8): "per-token", ("V", 4): "per-token", ("V", 2): "per-token",
-}
 
 
 @dataclass(frozen=True)
@@ -87,7 +69,7 @@ def _check_cache(name: str, x: Any) -> np.ndarray:
     return arr
 
 
-def _as4d(name: str, x: Any) -> np.ndarray:
+def as4d(name: str, x: Any) -> np.ndarray:
     """``x`` as float64 ``(layers, heads, tokens, channels)``: missing leading axes become 1."""
     arr = _check_cache(name, x)
     while arr.ndim < 4:
@@ -216,7 +198,7 @@ def channel_outlier_table(x: np.ndarray, threshold: float) -> pd.DataFrame:
     ``top_channel``: 1 for a channel that dominates every token).
     """
     threshold = _check_threshold(threshold)
-    arr = _as4d("x", x)
+    arr = as4d("x", x)
     ratio = channel_ratio(arr)
     typical = channel_typical_ratio(arr)
     argmax_tok = np.argmax(np.abs(arr), axis=-1)           # (L, H, T): each token's largest channel
@@ -238,7 +220,7 @@ def channel_outlier_table(x: np.ndarray, threshold: float) -> pd.DataFrame:
 
 def channel_heatmap(x: np.ndarray) -> np.ndarray:
     """Channel RMS ratios as an image: ``(layers * heads, channels)``, row ``layer * heads + head``."""
-    ratio = channel_ratio(_as4d("x", x))
+    ratio = channel_ratio(as4d("x", x))
     return ratio.reshape(-1, ratio.shape[-1])
 
 
@@ -265,7 +247,7 @@ def token_outlier_table(x: np.ndarray, threshold: float,
     ``outlier_special`` (how many of the outlier tokens are special tokens).
     """
     threshold = _check_threshold(threshold)
-    arr = _as4d("x", x)
+    arr = as4d("x", x)
     ratio = token_norm_ratio(arr)
     if special is not None:
         special = np.asarray(special, dtype=bool)
@@ -288,7 +270,7 @@ def token_outlier_table(x: np.ndarray, threshold: float,
 def token_outlier_share(x: np.ndarray, threshold: float) -> np.ndarray:
     """For each token, the fraction of (layer, head) pairs in which it is an outlier token."""
     threshold = _check_threshold(threshold)
-    ratio = token_norm_ratio(_as4d("x", x))
+    ratio = token_norm_ratio(as4d("x", x))
     return np.mean(ratio >= threshold, axis=(0, 1))
 
 
@@ -305,7 +287,7 @@ def top_outlier_tokens(kv: RealKV, cache: str, threshold: float, n: int = 10) ->
         raise ValueError(f"parameter 'n' must be an integer >= 1, got {n!r}")
     x = kv.k if cache == "K" else kv.v
     share = token_outlier_share(x, threshold)
-    med = np.median(token_norm_ratio(_as4d("x", x)), axis=(0, 1))
+    med = np.median(token_norm_ratio(as4d("x", x)), axis=(0, 1))
     order = np.lexsort((np.arange(share.size), -med, -share))[:n]
     return pd.DataFrame({"position": order.astype(int), "token": [str(kv.tokens[i]) for i in order],
                          "window": kv.window[order].astype(int), "special": kv.special[order].astype(bool),
@@ -339,131 +321,3 @@ def structure_table(caches: dict[str, np.ndarray], threshold: float) -> pd.DataF
             "median_head_token_ratio": float(tk["max_ratio"].median()),
         })
     return pd.DataFrame(rows)
-
-
-# ---------------------------------------------------------------------------- axis choice
-
-def axis_by_head(k: np.ndarray, v: np.ndarray, bits_list: Sequence[int]) -> pd.DataFrame:
-    """The post's axis test per layer and head, with the post's quantizer.
-
-    For each cache, width and head: relative L2 error of the symmetric absmax int-k round trip
-    with one scale per token (over the head's channels) and one per channel (over all the
-    tokens given). Columns ``cache, bits, layer, head, per_token, per_channel, winner`` with
-    the post's tie rule (``per-token`` only when strictly smaller).
-    """
-    bits_list = list(bits_list)
-    if not bits_list:
-        raise ValueError("parameter 'bits' must be a non-empty list of integers between 2 and 16")
-    rows = []
-    for name, cache in (("K", _as4d("k", k)), ("V", _as4d("v", v))):
-        ref = np.sqrt(np.sum(cache * cache, axis=(-2, -1)))
-        ref = np.where(ref == 0, 1.0, ref)
-        for b in bits_list:
-            err = {}
-            for axis in ("token", "channel"):
-                d = quant.intk_roundtrip(cache, b, axis) - cache
-                err[axis] = np.sqrt(np.sum(d * d, axis=(-2, -1))) / ref
-            for layer in range(cache.shape[0]):
-                for head in range(cache.shape[1]):
-                    pt, pc = float(err["token"][layer, head]), float(err["channel"][layer, head])
-                    rows.append({"cache": name, "bits": int(b), "layer": layer, "head": head,
-                                 "per_token": pt, "per_channel": pc,
-                                 "winner": "per-token" if pt < pc else "per-channel"})
-    return pd.DataFrame(rows, columns=["cache", "bits", "layer", "head", "per_token", "per_channel", "winner"])
-
-
-def axis_summary(k: np.ndarray, v: np.ndarray, by_head: pd.DataFrame) -> pd.DataFrame:
-    """The post's axis table on a whole cache, beside how its heads vote.
-
-    ``per_token``/``per_channel``/``winner`` are :func:`kvcost.quant.axis_table` on all layers
-    and heads together (one relative L2 over the cache); ``per_channel_heads`` is the
-    fraction of heads where per-channel wins; ``post_winner`` is what the post's table says.
-    """
-    bits_list = sorted({int(b) for b in by_head["bits"]}, reverse=True)
-    table = quant.axis_table(_as4d("k", k), _as4d("v", v), bits_list)
-    votes = (by_head.assign(pc=by_head["winner"] == "per-channel")
-             .groupby(["cache", "bits"])["pc"].mean())
-    table["per_channel_heads"] = [float(votes.loc[(c, b)]) for c, b in zip(table["cache"], table["bits"])]
-    table["post_winner"] = [POST_WINNERS.get((c, int(b)), "") for c, b in zip(table["cache"], table["bits"])]
-    return table
-
-
-def grouped_axis_table(k: np.ndarray, v: np.ndarray, bits_list: Sequence[int],
-                       token_group: int) -> pd.DataFrame:
-    """Per-token against per-channel scales over groups of ``token_group`` tokens (KIVI's K layout).
-
-    With ``tokens / token_group == head_dim`` both sides store the same number of scales, so
-    this compares the axes at equal overhead (the post's per-channel scale spans every token).
-    ``token_group`` must divide the token count. Columns ``cache, bits, per_token,
-    per_channel_grouped, winner`` (relative L2 over the whole cache; ties go to per-channel).
-    """
-    if not isinstance(token_group, int) or isinstance(token_group, bool) or token_group < 1:
-        raise ValueError(f"parameter 'token_group' must be an integer >= 1, got {token_group!r}")
-    rows = []
-    for name, cache in (("K", _as4d("k", k)), ("V", _as4d("v", v))):
-        if cache.shape[-2] % token_group:
-            raise ValueError(f"parameter 'token_group' must divide the token count {cache.shape[-2]}, "
-                             f"got {token_group}")
-        for b in bits_list:
-            pt = quant.rel_l2(quant.intk_roundtrip(cache, b, "token"), cache)
-            pc = quant.rel_l2(quant.intk_roundtrip(cache, b, "channel", group_size=token_group), cache)
-            rows.append({"cache": name, "bits": int(b), "per_token": pt, "per_channel_grouped": pc,
-                         "winner": "per-token" if pt < pc else "per-channel"})
-    return pd.DataFrame(rows, columns=["cache", "bits", "per_token", "per_channel_grouped", "winner"])
-
-
-# ---------------------------------------------------------------------------- verdict
-
-def verdict_checks(k_channels: pd.DataFrame, v_tokens: pd.DataFrame, summary: pd.DataFrame,
-                   majority: float = 0.5) -> list[Check]:
-    """The post's assumptions and axis conclusions, tested on the real tables.
-
-    - K has persistent outlier channels: holds when more than ``majority`` of K's heads have
-      at least one persistent outlier channel (:func:`channel_outlier_table`).
-    - V has outlier tokens: holds when more than ``majority`` of V's heads have at least one
-      outlier token (:func:`token_outlier_table`).
-    - one row per row of ``summary`` (:func:`axis_summary`) that the post has a winner for:
-      holds when the whole-cache winner is the post's.
-    """
-    if not isinstance(majority, (int, float)) or isinstance(majority, bool) or not 0.0 <= majority < 1.0:
-        raise ValueError(f"parameter 'majority' must be a number in [0, 1), got {majority!r}")
-    checks = []
-    k_frac = float(np.mean(k_channels["persistent_channels"] > 0))
-    n_k = len(k_channels)
-    checks.append(Check(
-        "K has persistent outlier channels", "yes (every 16th channel x4, on every token)",
-        f"{int(round(k_frac * n_k))} of {n_k} K heads have one "
-        f"(median largest channel ratio {np.median(k_channels['max_ratio']):.2f})",
-        k_frac > majority, f"needs more than {majority:.0%} of heads"))
-    v_frac = float(np.mean(v_tokens["outlier_tokens"] > 0))
-    n_v = len(v_tokens)
-    special_note = ""
-    total = int(v_tokens["outlier_tokens"].sum())
-    if "outlier_special" in v_tokens and total:
-        spec = int(v_tokens["outlier_special"].sum())
-        special_note = f"; {spec} of {total} outlier (head, token) pairs are [CLS]/[SEP]"
-    checks.append(Check(
-        "V has outlier tokens", "yes (every 64th token x6, on every channel)",
-        f"{int(round(v_frac * n_v))} of {n_v} V heads have one "
-        f"(median largest token ratio {np.median(v_tokens['max_ratio']):.2f}){special_note}",
-        v_frac > majority, f"needs more than {majority:.0%} of heads"))
-    for row in summary.to_dict("records"):
-        want = row.get("post_winner", "")
-        if not want:
-            continue
-        checks.append(Check(
-            f"{row['cache']} at {row['bits']} bits: {want} wins", want,
-            f"{row['winner']} ({row['per_token']:.3e} per-token vs {row['per_channel']:.3e} "
-            f"per-channel; per-channel wins in {row['per_channel_heads']:.0%} of heads)",
-            row["winner"] == want, "whole-cache relative L2"))
-    # The flip is a claim about the sequence: per-channel above 2 bits, per-token at 2.
-    k_rows = {int(r["bits"]): r["winner"] for r in summary.to_dict("records") if r["cache"] == "K"}
-    if 2 in k_rows and any(b > 2 for b in k_rows):
-        above = [b for b in sorted(k_rows, reverse=True) if b > 2]
-        flips = all(k_rows[b] == "per-channel" for b in above) and k_rows[2] == "per-token"
-        checks.append(Check(
-            "K flips from per-channel to per-token at 2 bits",
-            "per-channel at 8 and 4 bits, per-token at 2",
-            "K winners: " + ", ".join(f"{b} bits {k_rows[b]}" for b in sorted(k_rows, reverse=True)),
-            flips, "no flip without a per-channel win above 2 bits"))
-    return checks

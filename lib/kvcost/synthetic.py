@@ -12,8 +12,14 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "K_OUTLIER_STRIDE", "K_OUTLIER_SCALE", "V_OUTLIER_STRIDE", "V_OUTLIER_SCALE",
-    "post_axis_cache", "NeedleTrial", "post_needle_trial", "post_stream",
+    "K_OUTLIER_SCALE",
+    "K_OUTLIER_STRIDE",
+    "V_OUTLIER_SCALE",
+    "V_OUTLIER_STRIDE",
+    "NeedleTrial",
+    "post_axis_cache",
+    "post_needle_trial",
+    "post_stream",
 ]
 
 # The structure KIVI and KVQuant describe, as the post builds it.

@@ -1,11 +1,11 @@
 """Notebook 01's readings of the post's sizing section, each checked against kvcost's computation."""
 from __future__ import annotations
 
-from .. import vendors
 from ..hfconfig import SLIDING
 from ..models import POST_MODELS, list_models, load_model
 from ..sizing import cache_bytes, naive_bytes_per_token
 from ..units import GIB
+from . import vendors
 from .report import Check
 
 __all__ = ["formula_off", "reading_checks"]

@@ -1,49 +1,21 @@
-"""Published measurements (``data/vendor_measurements.csv``) and the arithmetic that checks them.
+"""Notebook 05's verdict: every number of the post's vendor table that arithmetic can check.
 
-Most rows of the post's vendor table are measurements no laptop can redo; some carry
-numbers that arithmetic can check: cache sizes from a model's geometry, block-format byte
-ratios, differences of published percentages. :func:`checks` recomputes each of those.
+Most rows are measurements no laptop can redo; some carry numbers that arithmetic can check:
+cache sizes from a model's geometry, block-format byte ratios, differences of published
+percentages. :func:`checks` recomputes each of those.
 """
 from __future__ import annotations
 
 from fractions import Fraction
-from functools import lru_cache
 
 import pandas as pd
 
-from . import formats, sizing
-from .output import repo_root
-from .claims.report import Check, checks_frame
+from .. import formats, sizing
+from ..experiments.vendors import published
+from ..units import GB, GIB, MIB
+from .report import Check, checks_frame
 
-__all__ = ["load_measurements", "published", "checks", "checks_table", "qwen3_q8_0_checks", "dgx_spark_buffer_checks",
-           "weights_ratio_check", "GIB", "MIB", "GB"]
-
-GIB, MIB, GB = 2**30, 2**20, 10**9
-LLAMA_7B_PARAMS = 6.74e9   # LLaMA-7B parameter count (Touvron et al. 2023, arXiv:2302.13971, Table 2: 6.7B)
-MEASUREMENT_COLUMNS = ["source", "date", "setting", "measured", "citation", "note"]
-
-
-def load_measurements() -> pd.DataFrame:
-    """The post's vendor table as data, with a citation for every row."""
-    df = pd.read_csv(repo_root() / "data" / "vendor_measurements.csv", dtype=str, keep_default_na=False)
-    missing = set(MEASUREMENT_COLUMNS) - set(df.columns)
-    if missing:
-        raise ValueError(f"data/vendor_measurements.csv lacks columns {sorted(missing)}")
-    return df[MEASUREMENT_COLUMNS]
-
-
-@lru_cache(maxsize=None)
-def _numbers() -> dict[str, float]:
-    df = pd.read_csv(repo_root() / "data" / "vendor_numbers.csv")
-    return dict(zip(df.key, df.value.astype(float)))
-
-
-def published(key: str) -> float:
-    """A number the post or a vendor published (``data/vendor_numbers.csv``, quote and source per row)."""
-    numbers = _numbers()
-    if key not in numbers:
-        raise ValueError(f"parameter 'key' must be one of {sorted(numbers)}, got {key!r}")
-    return numbers[key]
+__all__ = ["checks", "checks_table", "dgx_spark_buffer_checks", "qwen3_q8_0_checks", "weights_ratio_check"]
 
 
 def _saving_gib(model: str, context: int, base: str, quantized: str) -> float:
@@ -124,10 +96,11 @@ def checks(weights_gib: float | None = None) -> list[Check]:
     tokens, bits, gpu = published("kvquant_tokens"), published("kvquant_bits"), published("a100_memory_gb")
     need = float(tokens * sizing.naive_bytes_per_token(layers, heads, dim, Fraction(int(bits), 8)) / GB)
     need2 = float(tokens * sizing.naive_bytes_per_token(layers, heads, dim, Fraction(2, 8)) / GB)
+    weights_fp16 = published("llama_7b_params") * 2 / GB
     out.append(Check(f"KVQuant at {bits:g} bits: {tokens / 1e6:g}M-token LLaMA-7B on one A100-{gpu:g}GB",
                      f"fits in {gpu:g} GB", f"{tokens / 1e6:g}M tokens of {bits:g}-bit KV alone need {need:.1f} GB",
                      need <= gpu,
-                     f"at 2 bits the KV needs {need2:.1f} GB, which fits beside the {LLAMA_7B_PARAMS * 2 / GB:.1f} GB "
+                     f"at 2 bits the KV needs {need2:.1f} GB, which fits beside the {weights_fp16:.1f} GB "
                      f"of fp16 weights: a 1M-token LLaMA-7B on one A100-80GB needs fewer bits than the row's {bits:g}"))
     # vLLM skip-layers advice: gpt-oss-20b keeps 128-token sliding windows.
     oss = sizing.load_model("gpt-oss-20b")
