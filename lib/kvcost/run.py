@@ -57,7 +57,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, dict[str, Any],
     out = out if out.is_absolute() else repo_root() / out
     if out.resolve() in {(repo_root() / "figures").resolve(), repo_root().resolve()}:
         raise ValueError(f"--out {args.out!r}: a run's folder cannot be figures/ or the repository root")
-    check_params(nb.stem, params, out)
+    check_params(nb.stem, params)
     return nb, params, out, args.kernel
 
 

@@ -7,7 +7,7 @@ A run's parameters are checked against the notebook's schema before anything sta
 renamed into the run's folder only when every cell has run, so an interrupted run never
 leaves half a file. Figures always go to the run's folder (``KVCOST_FIGURE_DIR``), never
 to ``figures/``. ``run.json`` records the outcome, the time taken and the kernel's peak
-memory. docs/sweeps.md describes the layout.
+memory. The README (sections on re-running and sweeps) shows the layout.
 """
 from __future__ import annotations
 
@@ -91,6 +91,7 @@ def notebook_path(name: str | os.PathLike[str]) -> Path:
         return path.resolve()
     folder = repo_root() / "notebooks"
     stem = path.name.removesuffix(".ipynb")
+    stem = f"{int(stem):02d}" if stem.isdigit() else stem      # 3 -> 03
     found = sorted(folder.glob("*.ipynb"))
     for nb in found:
         if nb.stem == stem:

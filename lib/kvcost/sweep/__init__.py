@@ -5,7 +5,7 @@
     python -m kvcost.sweep status sizing_contexts
 
 ``spec`` reads and checks a sweep file, ``store`` keeps each run's folder and the combined
-tables, ``execute`` schedules the runs, ``cli`` is the command line. docs/sweeps.md has more.
+tables, ``execute`` schedules the runs, ``cli`` is the command line (README: Sweeps).
 """
 from .cli import main
 from .execute import Outcome, pending, run_sweep
