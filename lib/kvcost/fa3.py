@@ -1,0 +1,402 @@
+"""FlashAttention-3's FP8 forward pass on Hopper, emulated operation by operation on the CPU.
+
+What the kernel does, per query row (sources and line references: ``data/fa3_kernel_facts.md``):
+
+1. S = Q Kᵀ on the tensor core, contracting head_dim from zero (``kvcost.tensorcore``: 32
+   products per instruction, e8m13 register).
+2. KV blocks of ``block_n`` keys are visited **last to first**. Per block: the running max m
+   grows; the old row sum and acc_o are rescaled by exp2((m_old - m_new)·scale_log2) in fp32;
+   P = exp2(S·scale_log2 - (m·scale_log2 - max_offset)) in fp32, so P ∈ [0, 2^max_offset]
+   (``Max_offset = 8`` for FP8); the row sum l adds the fp32 P on the CUDA cores.
+3. P is cast to e4m3 (round to nearest, saturating) and P·V goes through the tensor core
+   **into acc_o itself** (c = acc_o, no zeroing between blocks): the accumulation that loses
+   mass at long range. ``flush_every=N`` is vLLM's fix (flash-attention PR #104 for N = 1, PR
+   #122 for N > 1): acc_o restarts from zero and is merged into a true fp32 register, with the
+   rescales deferred into one factor, every N blocks.
+4. Split-KV: S contiguous splits, each as above, combined in fp32 by log-sum-exp.
+5. Output acc_o · (1/l), in fp32.
+
+fp32 operations are emulated exactly rounded (float64 products are exact; sums go through
+TwoSum). Two departures from the GPU, both below fp32's own error: exp2 is correctly rounded
+(the GPU's ``ex2.approx`` is within 2 ulp), and the row sum l is one sequential fp32 chain
+(the kernel keeps four per-thread chains and adds them at the end).
+
+:func:`attend_row` takes one row's scores; :func:`attend` runs many heads and rows (causal
+or not, grouped-query heads) from Q, K, V stored in the project's formats, in parallel.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .accum import _add_nb, _round_nb
+from .floats import round_to
+from .tensorcore import FRAC_BITS, _mma_rows, out_args
+
+__all__ = [
+    "ACCUMULATORS",
+    "LOG2E",
+    "L_ACCUMULATORS",
+    "P_FORMATS",
+    "QK_MODES",
+    "STORE_FORMATS",
+    "attend",
+    "attend_row",
+    "exact_attention",
+    "store",
+    "tile_sizes",
+]
+
+#: P cast before P·V: ``e4m3`` (OCP E4M3FN, nearest, saturating at 448), ``bf16``, ``fp32``,
+#: ``exact`` (float64, no cast).
+P_FORMATS = ("e4m3", "bf16", "fp32", "exact")
+#: ``tensorcore`` (the FP8 unit, c = acc_o), ``fp32`` (an fp32 FMA chain), ``exact`` (float64).
+ACCUMULATORS = ("tensorcore", "fp32", "exact")
+#: The row sum l: ``fp32`` (the kernel's) or ``exact`` (float64).
+L_ACCUMULATORS = ("fp32", "exact")
+#: S = QKᵀ: ``tensorcore`` (the kernel's), ``fp32`` (an fp32 FMA chain), ``exact``.
+QK_MODES = ("tensorcore", "fp32", "exact")
+#: Storage of Q, K, V at scale 1.0 (as vLLM ships FP8 KV without calibration).
+STORE_FORMATS = ("e4m3", "bf16", "fp32", "exact")
+LOG2E = float(np.float32(math.log2(math.e)))     # the fp32 constant the kernel multiplies by
+_F32MAX = float(np.finfo(np.float32).max)
+_BF16MAX = float(round_to(3.3895313892515355e38, "bf16"))
+_PK = {"e4m3": 0, "bf16": 1, "fp32": 2, "exact": 3}
+_AK = {"tensorcore": 0, "fp32": 1, "exact": 2}
+
+
+# ------------------------------------------------------------------ compiled pieces
+@njit(inline="always")
+def _f32(x: float) -> float:
+    return _round_nb(x, 0.0, 23, -126, _F32MAX, math.inf)
+
+
+@njit(inline="always")
+def _f32add(a: float, b: float) -> float:
+    return _add_nb(a, b, 23, -126, _F32MAX, math.inf)
+
+
+@njit(inline="always")
+def _cast_p(x: float, pk: int) -> float:
+    if pk == 0:
+        r = _round_nb(x, 0.0, 3, -6, 448.0, 448.0)
+        return min(r, 448.0)
+    if pk == 1:
+        return _round_nb(x, 0.0, 7, -126, _BF16MAX, math.inf)
+    return x
+
+
+@njit(inline="always")
+def _exp2_f32(x: float) -> float:
+    return _f32(math.exp2(x))
+
+
+@njit(cache=True)
+def _row(s, v, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
+         fb, nearest, okind, om, oemin, ofmax, out, scr, prod, acc, reg, pbuf):   # pragma: no cover - compiled
+    """One query row: scores s[:n] (raw; times scale_log2 in the exponent), values
+    v[vrow0 + i, :]. Writes the output into out[:]; scr/prod/acc/reg/pbuf are scratch."""
+    d = v.shape[1]
+    nblk = (n + bn - 1) // bn
+    per = (nblk + splits - 1) // splits
+    nsp = (nblk + per - 1) // per if nblk > 0 else 0
+    # split results: lse and output, combined in fp32 at the end
+    lse_max = -math.inf
+    for j in range(d):
+        out[j] = 0.0
+    lses = np.empty(nsp)
+    outs = np.empty((nsp, d))
+    for sp in range(nsp):
+        b_lo = sp * per
+        b_hi = min(nblk, (sp + 1) * per)
+        m = -math.inf
+        l_val = 0.0
+        dscale = 1.0
+        since = 0
+        for j in range(d):
+            acc[j] = 0.0
+            reg[j] = 0.0
+        for b in range(b_hi - 1, b_lo - 1, -1):
+            i0 = b * bn
+            i1 = min(i0 + bn, n)
+            mb = -math.inf
+            for i in range(i0, i1):
+                mb = max(mb, s[i])
+            first = b == b_hi - 1
+            if first:
+                m = mb
+            elif mb > m:
+                sc = _exp2_f32(_f32((m - mb) * scale_log2))
+                m = mb
+                l_val = _f32(l_val * sc) if lk == 0 else l_val * sc
+                for j in range(d):
+                    acc[j] = _f32(acc[j] * sc) if ak != 2 else acc[j] * sc
+                dscale = _f32(dscale * sc)
+            max_scaled = _f32(m * scale_log2 - max_off)
+            for i in range(i0, i1):
+                p = _exp2_f32(_f32(s[i] * scale_log2 - max_scaled))
+                if lk == 0:
+                    l_val = _f32add(l_val, p)
+                else:
+                    l_val += p
+                pbuf[i - i0] = _cast_p(p, pk)
+            if ak == 0:
+                for g0 in range(i0, i1, 32):
+                    g1 = min(g0 + 32, i1)
+                    for i in range(g0, g1):
+                        pi = pbuf[i - i0]
+                        for j in range(d):
+                            prod[i - g0, j] = pi * v[vrow0 + i, j]
+                    _mma_rows(acc, prod, g1 - g0, d, scr, fb, nearest, okind, om, oemin, ofmax)
+            elif ak == 1:
+                for i in range(i0, i1):
+                    pi = pbuf[i - i0]
+                    for j in range(d):
+                        acc[j] = _f32add(acc[j], pi * v[vrow0 + i, j])
+            else:
+                for i in range(i0, i1):
+                    pi = pbuf[i - i0]
+                    for j in range(d):
+                        acc[j] += pi * v[vrow0 + i, j]
+            if flush > 0:
+                since += 1
+                if since == flush:
+                    for j in range(d):
+                        reg[j] = _f32(dscale * reg[j] + acc[j]) if ak != 2 else dscale * reg[j] + acc[j]
+                        acc[j] = 0.0
+                    dscale = 1.0
+                    since = 0
+        if flush > 0:
+            for j in range(d):
+                acc[j] = _f32(dscale * reg[j] + acc[j]) if ak != 2 else dscale * reg[j] + acc[j]
+        inv = _f32(1.0 / l_val) if lk == 0 else 1.0 / l_val
+        for j in range(d):
+            outs[sp, j] = _f32(acc[j] * inv) if ak != 2 else acc[j] * inv
+        # the split's log-sum-exp in natural-log units: m*scale_log2*ln2 + log(l / 2^max_off)
+        lses[sp] = m * scale_log2 * math.log(2.0) + math.log(l_val / 2.0 ** max_off)
+        lse_max = max(lse_max, lses[sp])
+    if nsp == 1:
+        for j in range(d):
+            out[j] = outs[0, j]
+        return
+    tot = 0.0
+    for sp in range(nsp):
+        tot = _f32add(tot, _f32(math.exp(lses[sp] - lse_max)))
+    lse = _f32(math.log(tot) + lse_max)
+    for sp in range(nsp):
+        w = _f32(math.exp(lses[sp] - lse))
+        for j in range(d):
+            out[j] = _f32add(out[j], _f32(w * outs[sp, j]))
+
+
+@njit(inline="always")
+def _scores(qrow, kT, n, qk, fb, nearest, sok, som, soemin, sofmax, srow, prod, scr):
+    """S[:n] = q · K[:n]ᵀ: kT is (d, n_keys); on the tensor core, in fp32, or exactly."""
+    d = kT.shape[0]
+    for j in range(n):
+        srow[j] = 0.0
+    if qk == 0:
+        for g0 in range(0, d, 32):
+            g1 = min(g0 + 32, d)
+            for i in range(g0, g1):
+                qi = qrow[i]
+                for j in range(n):
+                    prod[i - g0, j] = qi * kT[i, j]
+            _mma_rows(srow, prod, g1 - g0, n, scr, fb, nearest, sok, som, soemin, sofmax)
+    elif qk == 1:
+        for i in range(d):
+            qi = qrow[i]
+            for j in range(n):
+                srow[j] = _f32add(srow[j], qi * kT[i, j])
+    else:
+        for i in range(d):
+            qi = qrow[i]
+            for j in range(n):
+                srow[j] += qi * kT[i, j]
+
+
+@njit(parallel=True, cache=True)
+def _attend_nb(q, kT, v, group, causal, scale_log2, pk, ak, lk, qk, flush, bn, max_off, splits,
+               fb, nearest, okind, om, oemin, ofmax, sok, som, soemin, sofmax, nth):   # pragma: no cover
+    hq, nq, _ = q.shape
+    nk = kT.shape[2]
+    dv = v.shape[2]
+    out = np.zeros((hq, nq, dv))
+    total = hq * nq
+    nchunk = max(1, min(total, nth * 4))
+    for ch in prange(nchunk):
+        t0 = ch * total // nchunk
+        t1 = (ch + 1) * total // nchunk
+        srow = np.empty(nk)
+        width = max(nk, dv)
+        prod = np.empty((32, width))
+        scr = np.empty((3, width))
+        acc = np.empty(dv)
+        reg = np.empty(dv)
+        pbuf = np.empty(bn)
+        orow = np.empty(dv)
+        for t in range(t0, t1):
+            h = t // nq
+            r = t % nq
+            hk = h // group
+            n = nk - nq + r + 1 if causal else nk
+            _scores(q[h, r], kT[hk], n, qk, fb, nearest, sok, som, soemin, sofmax, srow, prod, scr)
+            _row(srow, v[hk], 0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
+                 fb, nearest, okind, om, oemin, ofmax, orow, scr, prod, acc, reg, pbuf)
+            for j in range(dv):
+                out[h, r, j] = orow[j]
+    return out
+
+
+# ------------------------------------------------------------------ checks
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"parameter {name!r} must be one of {list(allowed)}, got {value!r}")
+    return value
+
+
+def _pos_int(name: str, value: Any, lo: int = 1, none_ok: bool = False) -> int:
+    if value is None and none_ok:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        extra = " (or None)" if none_ok else ""
+        raise ValueError(f"parameter {name!r} must be an integer >= {lo}{extra}, got {value!r}")
+    return int(value)
+
+
+def _common(p_format: str, accumulator: str, flush_every: Any, block_n: Any, max_offset: Any, splits: Any,
+            frac_bits: Any, l_accumulator: str, rounding: str) -> tuple:
+    _choice("p_format", p_format, P_FORMATS)
+    _choice("accumulator", accumulator, ACCUMULATORS)
+    _choice("l_accumulator", l_accumulator, L_ACCUMULATORS)
+    flush = _pos_int("flush_every", flush_every, none_ok=True)
+    bn = _pos_int("block_n", block_n)
+    mo = _pos_int("max_offset", max_offset, lo=0)
+    if mo > 16:
+        raise ValueError(f"parameter 'max_offset' must be an integer between 0 and 16, got {max_offset!r}")
+    sp = _pos_int("splits", splits)
+    fb = _pos_int("frac_bits", frac_bits)
+    targs = out_args(f"e8m{fb}" if fb <= 23 else "fp32", fb, rounding)
+    return (_PK[p_format], _AK[accumulator], 0 if l_accumulator == "fp32" else 1, flush, bn, float(mo), sp, targs)
+
+
+def _values(x: Any, name: str, ndim: int) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf" or arr.ndim != ndim:
+        raise ValueError(f"parameter {name!r} must be a real array with {ndim} axes, got {arr.dtype} {arr.shape}")
+    if arr.dtype == np.float32:
+        return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(arr, dtype=np.float64)
+
+
+# ------------------------------------------------------------------ public API
+def attend_row(scores: Any, v: Any, *, p_format: str = "e4m3", accumulator: str = "tensorcore",
+               flush_every: int | None = None, block_n: int = 96, max_offset: int = 8, splits: int = 1,
+               frac_bits: int = FRAC_BITS, l_accumulator: str = "fp32", rounding: str = "toward_zero") -> np.ndarray:
+    """FlashAttention-3's FP8 forward pass for one query row (see the module docstring).
+
+    ``scores`` (n,): already scaled, natural-log units (rounded to fp32 here); ``v`` (n, d):
+    the stored values. ``p_format``: :data:`P_FORMATS`; ``accumulator``: :data:`ACCUMULATORS`;
+    ``flush_every=N``: two-level accumulation every N blocks (None: never, the kernel before
+    vLLM's fix); ``block_n``: keys per block (96 for FP8 decode at head_dim 128, see
+    :func:`tile_sizes`); ``max_offset``: 8 for FP8; ``splits``: split-KV; ``frac_bits``: the
+    tensor core's kept fraction bits (the register is e8m{frac_bits}). Extra, to take the
+    kernel apart: ``l_accumulator="exact"`` and ``accumulator="exact"`` sum in float64,
+    ``rounding="nearest"`` cuts the tensor-core terms to nearest. Returns (d,) float64.
+    """
+    pk, ak, lk, flush, bn, mo, sp, targs = _common(p_format, accumulator, flush_every, block_n, max_offset,
+                                                   splits, frac_bits, l_accumulator, rounding)
+    s = _values(scores, "scores", 1)
+    vv = _values(v, "v", 2)
+    if vv.shape[0] != s.shape[0] or s.shape[0] < 1:
+        raise ValueError(f"parameters 'scores' and 'v' must be shaped (n,) and (n, d) with n >= 1, got {s.shape} "
+                         f"and {vv.shape}")
+    s32 = round_to(np.asarray(s, dtype=np.float64), "fp32")
+    d = vv.shape[1]
+    width = max(d, 1)
+    out = np.empty(d)
+    _row(s32, vv, 0, s32.shape[0], LOG2E, pk, ak, lk, flush, bn, mo, sp, *targs, out,
+         np.empty((3, width)), np.empty((32, width)), np.empty(d), np.empty(d), np.empty(bn))
+    return out
+
+
+def store(x: Any, fmt: str, name: str = "fmt") -> np.ndarray:
+    """``x`` as the kernel reads it from memory in ``fmt`` at scale 1.0 (:data:`STORE_FORMATS`:
+    ``e4m3`` nearest and saturating at ±448, as vLLM's uncalibrated FP8 cache), float32 when
+    exact there (``exact``: float64 unchanged)."""
+    _choice(name, fmt, STORE_FORMATS)
+    a = np.asarray(x, dtype=np.float64)
+    if fmt == "exact":
+        return a
+    r = round_to(a, {"e4m3": "fp8_e4m3", "bf16": "bf16", "fp32": "fp32"}[fmt], saturate=True)
+    return r.astype(np.float32)
+
+
+def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
+           q_format: str = "e4m3", kv_format: str = "e4m3", qk: str = "tensorcore", p_format: str = "e4m3",
+           accumulator: str = "tensorcore", flush_every: int | None = None, block_n: int = 96,
+           max_offset: int = 8, splits: int = 1, frac_bits: int = FRAC_BITS, l_accumulator: str = "fp32",
+           rounding: str = "toward_zero") -> np.ndarray:
+    """FlashAttention-3's FP8 forward pass for many heads and rows, in parallel.
+
+    ``q`` (heads, n_q, d), ``k`` and ``v`` (kv_heads, n_k, d) with heads a multiple of
+    kv_heads (grouped-query attention: head h reads kv head h // (heads / kv_heads)). Q is
+    stored in ``q_format`` and K, V in ``kv_format`` (:data:`STORE_FORMATS`, scale 1.0).
+    ``causal``: query r sits at position n_k - n_q + r and sees keys up to it. S = QKᵀ
+    (``qk``: :data:`QK_MODES`), scaled by ``softmax_scale`` (default 1/sqrt(d)) inside the
+    exponent as the kernel does; the rest as :func:`attend_row`. Returns (heads, n_q, d) float64.
+    """
+    pk, ak, lk, flush, bn, mo, sp, targs = _common(p_format, accumulator, flush_every, block_n, max_offset,
+                                                   splits, frac_bits, l_accumulator, rounding)
+    _choice("qk", qk, QK_MODES)
+    qq, kk, vv = (store(_values(x, nm, 3), f, fn) for x, nm, f, fn in
+                  ((q, "q", q_format, "q_format"), (k, "k", kv_format, "kv_format"), (v, "v", kv_format, "kv_format")))
+    hq, nq, d = qq.shape
+    hk, nk, dk = kk.shape
+    if dk != d or vv.shape[:2] != (hk, nk) or hk < 1 or hq % hk or nk < 1 or nq < 1:
+        raise ValueError(f"parameters 'q', 'k', 'v' must be shaped (heads, n_q, d), (kv_heads, n_k, d), "
+                         f"(kv_heads, n_k, d_v) with heads a multiple of kv_heads; got {qq.shape}, {kk.shape}, "
+                         f"{vv.shape}")
+    if causal and nq > nk:
+        raise ValueError(f"parameter 'causal': n_q = {nq} queries cannot sit among n_k = {nk} keys")
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"parameter 'softmax_scale' must be a positive number, got {softmax_scale!r}")
+    scale_log2 = float(np.float32(np.float32(scale) * np.float32(math.log2(math.e))))
+    s_args = out_args("e8m13", 13, "toward_zero")[2:] if qk == "tensorcore" else (0, 0, 0, 0.0)
+    kT = np.ascontiguousarray(np.swapaxes(kk, 1, 2))
+    return _attend_nb(qq, kT, vv, hq // hk, bool(causal), scale_log2, pk, ak, lk, _AK[qk], flush, bn, mo, sp,
+                      *targs, *s_args, numba.get_num_threads())
+
+
+def exact_attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None) -> np.ndarray:
+    """float64 softmax(q kᵀ · scale) v on the same (already stored) arrays: the reference."""
+    qq, kk, vv = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    hq, nq, d = qq.shape
+    hk, nk, _ = kk.shape
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    out = np.empty((hq, nq, vv.shape[2]))
+    for h in range(hq):
+        s = qq[h] @ kk[h // (hq // hk)].T * scale
+        if causal:
+            s = np.where(np.arange(nk)[None, :] <= (nk - nq + np.arange(nq))[:, None], s, -np.inf)
+        s = s - s.max(axis=1, keepdims=True)
+        w = np.exp(s)
+        out[h] = (w / w.sum(axis=1, keepdims=True)) @ vv[h // (hq // hk)]
+    return out
+
+
+def tile_sizes(head_dim: int) -> dict[str, int]:
+    """FA3's FP8 kBlockN for ``head_dim`` (hopper/tile_size.h of vllm-project/flash-attention, read
+    for data/fa3_kernel_facts.md): decode (one MMA warpgroup), prefill before and with two-level
+    accumulation. Only the head dims the facts file records."""
+    table = {64: {"decode": 128, "prefill_before_fix": 160, "prefill_two_level": 128},
+             128: {"decode": 96, "prefill_before_fix": 224, "prefill_two_level": 192}}
+    if head_dim not in table:
+        raise ValueError(f"parameter 'head_dim' must be one of {sorted(table)}, got {head_dim!r}")
+    return dict(table[head_dim])
+

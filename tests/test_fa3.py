@@ -1,0 +1,122 @@
+"""kvcost.fa3: FlashAttention-3's FP8 forward pass, against exact attention and kvcost.accum."""
+import math
+
+import numpy as np
+import pytest
+
+from kvcost import accum, fa3, tensorcore
+
+
+def _case(n: int, d: int = 64, seed: int = 0, mean: float = 0.3, spread: float = 2.0):
+    rng = np.random.default_rng(seed)
+    s = rng.standard_normal(n) * spread
+    v = fa3.store(rng.standard_normal((n, d)) + mean, "e4m3")
+    w = np.exp(s - s.max())
+    return s, v, (w / w.sum()) @ v.astype(np.float64)
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_bf16_p_with_fp32_accumulation_within_1e_3_of_exact():
+    s, v, ref = _case(32_768)
+    out = fa3.attend_row(s, v, p_format="bf16", accumulator="fp32")
+    assert _rel(out, ref) < 1e-3
+
+
+def test_exact_arithmetic_is_attention_to_fp32_p():
+    s, v, ref = _case(5_000)
+    out = fa3.attend_row(s, v, p_format="exact", accumulator="exact", l_accumulator="exact")
+    assert _rel(out, ref) < 1e-6
+    # split-KV combined by log-sum-exp gives the same attention
+    out4 = fa3.attend_row(s, v, p_format="exact", accumulator="exact", l_accumulator="exact", splits=4)
+    assert _rel(out4, ref) < 1e-6
+
+
+def test_flush_every_tile_within_1_percent_at_131k_and_no_fix_is_worse():
+    s, v, ref = _case(131_072, d=64, seed=1)
+    fixed = _rel(fa3.attend_row(s, v, flush_every=1), ref)
+    never = _rel(fa3.attend_row(s, v), ref)
+    assert fixed < 0.01
+    assert never > 3 * fixed
+
+
+def test_single_key_returns_its_value_exactly():
+    v = fa3.store(np.array([[0.8125, -3.0, 17.0, 0.0]]), "e4m3")
+    assert np.array_equal(fa3.attend_row([0.3], v), v[0].astype(np.float64))
+
+
+def test_accum_hopper_paths_agree_with_tensorcore():
+    rng = np.random.default_rng(3)
+    x = np.abs(rng.standard_normal((5_000, 6))) * np.exp(rng.standard_normal((5_000, 6)))
+    x = x.astype(np.float32).astype(np.float64)
+    ones = np.ones_like(x)
+    # accum keeps keep_bits significant bits of the largest term: frac_bits = keep_bits - 1;
+    # accum's register is fp32 rounded to nearest
+    assert np.array_equal(accum.hopper_sum(x, keep_bits=14),
+                          tensorcore.dot(x, ones, frac_bits=13, out="fp32"))
+    assert np.array_equal(accum.hopper_sum(x, keep_bits=14, promote=128),
+                          tensorcore.dot(x, ones, frac_bits=13, out="fp32", promote_every=128))
+    assert np.array_equal(accum.hopper_sum(x, keep_bits=11, group=16),
+                          tensorcore.dot(x, ones, k=16, frac_bits=10, out="fp32"))
+
+
+def test_attend_matches_attend_row_and_exact_attention():
+    rng = np.random.default_rng(4)
+    q, k, v = rng.standard_normal((4, 3, 64)), rng.standard_normal((2, 700, 64)), rng.standard_normal((2, 700, 64))
+    out = fa3.attend(q, k, v, qk="exact", q_format="exact", kv_format="exact", p_format="exact",
+                     accumulator="exact", l_accumulator="exact")
+    ref = fa3.exact_attention(q, k, v)
+    assert _rel(out, ref) < 1e-6
+    # grouped heads: head 3 reads kv head 1
+    one = fa3.attend(q[3:4], k[1:2], v[1:2])
+    assert np.array_equal(one[0], fa3.attend(q, k, v)[3])
+    # the default FP8 path stays within a few percent of exact attention on the stored cache
+    qs, ks, vs = (fa3.store(x, "e4m3") for x in (q, k, v))
+    assert _rel(fa3.attend(q, k, v), fa3.exact_attention(qs, ks, vs)) < 0.05
+
+
+def test_causal_first_row_sees_only_the_first_key():
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((1, 50, 64)), rng.standard_normal((1, 50, 64)), rng.standard_normal((1, 50, 64))
+    out = fa3.attend(q, k, v, causal=True)
+    assert np.array_equal(out[0, 0], fa3.store(v, "e4m3")[0, 0].astype(np.float64))
+    ref = fa3.exact_attention(*(fa3.store(x, "e4m3") for x in (q, k, v)), causal=True)
+    assert _rel(out, ref) < 0.05
+
+
+def test_tile_sizes_and_bad_parameters():
+    assert fa3.tile_sizes(128) == {"decode": 96, "prefill_before_fix": 224, "prefill_two_level": 192}
+    s, v, _ = _case(100)
+    for kw, name in ((dict(p_format="fp8"), "p_format"), (dict(accumulator="bf16"), "accumulator"),
+                     (dict(flush_every=0), "flush_every"), (dict(block_n=0), "block_n"),
+                     (dict(splits=0), "splits"), (dict(max_offset=-1), "max_offset"), (dict(frac_bits=0), "frac_bits")):
+        with pytest.raises(ValueError, match=f"'{name}'"):
+            fa3.attend_row(s, v, **kw)
+    with pytest.raises(ValueError, match="'v'"):
+        fa3.attend_row(s, v[:5])
+    with pytest.raises(ValueError, match="'q', 'k', 'v'"):
+        fa3.attend(np.ones((3, 2, 8)), np.ones((2, 4, 8)), np.ones((2, 4, 8)))
+    with pytest.raises(ValueError, match="'kv_format'"):
+        fa3.attend(np.ones((2, 2, 8)), np.ones((2, 4, 8)), np.ones((2, 4, 8)), kv_format="q8_0")
+    with pytest.raises(ValueError, match="'head_dim'"):
+        fa3.tile_sizes(80)
+
+
+def test_max_offset_keeps_p_out_of_e4m3_underflow_and_reverse_order_matters():
+    # exp(s - m) in [0, 1] cast to e4m3 flushes p < 2^-10 to zero; with the offset 2^8 it does not.
+    # The needle (score 0, value 0) sits in the last block, which the kernel visits first.
+    n = 4096
+    s = np.full(n, -9.0)
+    v = np.ones((n, 8))
+    w_needle = 1 / (1 + (n - 1) * math.exp(-9.0))
+    for pos in (n - 1, 0):
+        s2, v2 = s.copy(), v.copy()
+        s2[pos], v2[pos] = 0.0, 0.0
+        good = abs(fa3.attend_row(s2, v2, flush_every=1)[0] - (1 - w_needle)) < 0.02
+        bad = abs(fa3.attend_row(s2, v2, flush_every=1, max_offset=0)[0] - (1 - w_needle)) < 0.02
+        assert good
+        # without the offset the haystack vanishes, unless the needle comes last (reverse order: first
+        # block) -- then the haystack's P were cast before the max rose, and rescaled in fp32
+        assert bad == (pos == 0)
