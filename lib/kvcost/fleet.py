@@ -2,10 +2,10 @@
 
 Weights come from the model record (parameter count x weight format, cited in ``data/models``);
 the GPU from ``data/gpus.csv``; a stated reserve for activations and workspace is taken off;
-what is left per GPU is the KV budget. Per KV format side by side: tokens, requests at the
-context, the longest context one request can have, and the accuracy cost measured at that
-context by the notebooks (``retrieved k/n`` with its Wilson interval; "not measured" where the
-notebooks have no result). Standard library only.
+what is left per GPU is the KV budget. Per KV format side by side: tokens (every KV layer keeping
+each token, as vLLM counts its "GPU KV cache size"), requests at the context, the longest context
+one request can have, and the accuracy cost measured at that context by the notebooks (retrieved
+k/n with its Wilson interval; "not measured" where there is no result). Standard library only.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 from . import formats, llamacpp, stats
 from .hfconfig import SLIDING, Geometry
 from .models import model_record
-from .sizing import cache_bytes, check_context, kv_formats, max_context, state_bytes
+from .sizing import cache_bytes, check_context, kv_bytes_per_token, kv_formats, max_context, state_bytes
 from .units import GIB
 
 __all__ = [
@@ -193,8 +193,8 @@ def plan(g: Geometry, model: str, gpu_name: str, context: int, n_gpus: int = 1, 
         warnings.append(f"--context {context:,} exceeds max_position_embeddings {g.max_position_embeddings:,} "
                         f"of {g.name}")
     if g.count(SLIDING):
-        warnings.append(f"{g.count(SLIDING)} of {g.num_layers} layers slide over {g.window} tokens: the counts "
-                        f"assume an engine that frees tokens outside the window (vLLM, llama.cpp without "
+        warnings.append(f"{g.count(SLIDING)} of {g.num_layers} layers of {g.name} slide over {g.window} tokens: "
+                        f"the counts assume an engine that frees tokens outside the window (vLLM, llama.cpp without "
                         f"--swa-full); llama.cpp --swa-full keeps every token and fits fewer")
     if g.kv_heads < tp and not g.count("mla"):
         warnings.append(f"{g.kv_heads} KV heads over --tp {tp}: engines replicate KV heads, so the cache "
@@ -214,9 +214,10 @@ def plan(g: Geometry, model: str, gpu_name: str, context: int, n_gpus: int = 1, 
         fits = budget_replica > 0 and per <= budget_replica * GIB
         req = int(budget_replica * GIB // per) * replicas if budget_replica > 0 else 0
         mc = max_context(g, budget_replica, kf.name, vf.name) if budget_replica > 0 else 0
-        if mc is not None and g.max_position_embeddings is not None:
-            mc = min(mc, g.max_position_embeddings)
-        per_token = float(cache_bytes(g, 1024, kf.name, vf.name)) / 1024
+        if g.max_position_embeddings is not None:
+            mc = g.max_position_embeddings if mc is None else min(mc, g.max_position_embeddings)
+        # every KV layer holding the token: vLLM's "GPU KV cache size" counts tokens the same way
+        per_token = kv_bytes_per_token(g, kf.name, vf.name)
         tokens = int(budget_replica * GIB // per_token) * replicas if budget_replica > 0 and per_token else 0
         label = f"{kf.name}/{vf.name}"
         acc = accuracy_lookup(accuracy_csv, label, context)

@@ -30,7 +30,7 @@ def plan_table(models: Sequence[str], gpu: str, contexts: Sequence[int], dtypes:
                              "fits": r.fits, "accuracy": r.accuracy,
                              "beyond_max_context": g.max_position_embeddings is not None
                              and ctx > g.max_position_embeddings,
-                             "warnings": "; ".join(list(f.warnings) + list(r.warnings))})
+                             "warnings": " | ".join(list(f.warnings) + list(r.warnings))})
     return pd.DataFrame(rows)
 
 
