@@ -54,6 +54,17 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
                _models(1), allowed="model names in data/models"),
         StrList("plot_formats", ["bf16", "fp8_e4m3", "q8_0", "q4_0", "kivi2"], choices=formats.names),
     ]),
+    Schema("09_plan", [
+        Custom("models", _POST_MODELS, _models(1), allowed="model names in data/models with cited parameter counts"),
+        Str("gpu", "H100-80GB", doc="a GPU from data/gpus.csv"),
+        Int("gpus", 1, lo=1),
+        Int("tp", 1, lo=1),
+        Float("gpu_memory_utilization", 0.9, lo=0.0, hi=1.0, lo_open=True),
+        IntList("contexts", [8192, 32768, 131072], lo=1, hi=2**22),
+        StrList("dtypes", ["bf16", "fp8_e4m3", "q8_0", "q4_0", "q8_0/q4_0"], doc="K or K/V formats"),
+        Int("needle_trials", 4, lo=1, hi=1000, doc="haystacks per context and format for the accuracy column"),
+        Float("needle_weight", 0.1, lo=0.0, hi=1.0, lo_open=True, doc="attention weight of the needle"),
+    ]),
     Schema("02_axis_choice", [
         Int("seed", 7, lo=0, post=7),
         Int("n_tokens", 4096, lo=2, post=4096),
@@ -61,7 +72,7 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         IntList("bits", [8, 4, 2], lo=2, hi=16, post=[8, 4, 2]),
         IntList("group_sizes", [16, 32, 128], lo=1),
         FloatList("outlier_strengths", [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0], lo=0.0, lo_open=True),
-        Int("attn_trials", 3, lo=0),
+        Int("attn_trials", 20, lo=1, doc="needle trials per scheme for the attention-level error"),
         Float("margin", 0.5),
     ]),
     Schema("03_needle_cliff", [
@@ -74,7 +85,7 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
               post=[[8, 8], [4, 4], [3, 3], [2, 2]]),
         FloatList("sweep_margins", [0.1, 0.25, 0.5, 1.0, 2.0, 4.0], lo=0.0),
         IntList("sweep_bits", [8, 6, 4, 3], lo=needle.MIN_BITS, hi=needle.MAX_BITS),
-        Int("sweep_trials", 30, lo=1),
+        Int("sweep_trials", 100, lo=1, doc="trials per margin in the margin sweep"),
     ]),
     Schema("04_accumulator_floor", [
         IntList("n_tokens", [64, 256, 1024, 4096, 16384, 65536, 131072], lo=1, hi=2**26,
