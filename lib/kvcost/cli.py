@@ -251,7 +251,12 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("plan needs --engine vllm --kv-memory-gib X, or --gpu NAME --context N")
     if args.context is None:
         raise ValueError("--gpu needs --context (tokens per request)")
-    name = models.model_record(args.model)["name"] if not args.model.endswith(".json") else args.model
+    try:
+        name = models.model_record(args.model)["name"]
+    except ValueError:
+        raise ValueError(f"--gpu plans need a model from data/models with a cited parameter count (weights are "
+                         f"sized from it); {args.model!r} is not one — use --engine vllm --kv-memory-gib for a "
+                         f"config.json") from None
     dts = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else None
     fl = fleet.plan(g, name, args.gpu, args.context, args.gpus, args.tp, args.gpu_memory_utilization,
                     args.concurrency, dts, args.reserve_gib, args.accuracy_csv)
