@@ -1,9 +1,12 @@
 """Engine-exact sizing: llama.cpp's KV buffers and vLLM's block pool against real log lines."""
 import math
 
+import pandas as pd
 import pytest
 
 from kvcost import engine_logs, fleet, llamacpp, models, vllm
+from kvcost.claims import plan as plan_claims
+from kvcost.experiments import plan as plan_exp
 from kvcost.units import GIB, MIB
 
 
@@ -112,3 +115,13 @@ def test_fleet_weights_budget_and_warnings() -> None:
         fleet.plan(g, "gpt-oss-20b", "H100-80GB", 4096, n_gpus=3, tp=2)
     over = fleet.plan(models.load_model("Qwen3-8B"), "Qwen3-8B", "H100-80GB", 131072)
     assert any("max_position_embeddings" in w for w in over.warnings)
+
+
+def test_plan_readings() -> None:
+    table = plan_exp.plan_table(["Llama-3.1-8B", "gpt-oss-20b"], "H100-80GB", [8192], ["bf16", "fp8_e4m3"])
+    needle = pd.DataFrame({"n_tokens": [8192] * 4, "storage": ["none/none", "bf16/bf16"] * 2,
+                           "accumulator": ["exact"] * 4, "retrieved": [True, True, True, False]})
+    checks = {c.claim.split(":")[0]: c for c in plan_claims.readings(table, needle)}
+    assert checks["halving it [the cache] with one byte per value is arithmetic"].agrees
+    assert "3/4" in checks["whether the half you keep still answers the question is not arithmetic"].computed
+    assert not checks["Llama-2-7B"].agrees and "4,096" in checks["Llama-2-7B"].computed
