@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import ml_dtypes
 import numba
 import numpy as np
 from numba import njit, prange
@@ -65,6 +66,7 @@ STORE_FORMATS = ("e4m3", "bf16", "fp32", "exact")
 LOG2E = float(np.float32(math.log2(math.e)))     # the fp32 constant the kernel multiplies by
 _F32MAX = float(np.finfo(np.float32).max)
 _BF16MAX = float(round_to(3.3895313892515355e38, "bf16"))
+_KCHUNK = 512        # keys per chunk of the compiled QKᵀ
 _PK = {"e4m3": 0, "bf16": 1, "fp32": 2, "exact": 3}
 _AK = {"tensorcore": 0, "fp32": 1, "exact": 2}
 
@@ -200,13 +202,17 @@ def _scores(qrow, kT, n, qk, fb, nearest, sok, som, soemin, sofmax, srow, prod, 
     for j in range(n):
         srow[j] = 0.0
     if qk == 0:
-        for g0 in range(0, d, 32):
-            g1 = min(g0 + 32, d)
-            for i in range(g0, g1):
-                qi = qrow[i]
-                for j in range(n):
-                    prod[i - g0, j] = qi * kT[i, j]
-            _mma_rows(srow, prod, g1 - g0, n, scr, fb, nearest, sok, som, soemin, sofmax)
+        for j0 in range(0, n, _KCHUNK):          # key chunks keep the product buffer in cache
+            j1 = min(j0 + _KCHUNK, n)
+            w = j1 - j0
+            sub = srow[j0:j1]
+            for g0 in range(0, d, 32):
+                g1 = min(g0 + 32, d)
+                for i in range(g0, g1):
+                    qi = qrow[i]
+                    for j in range(w):
+                        prod[i - g0, j] = qi * kT[i, j0 + j]
+                _mma_rows(sub, prod, g1 - g0, w, scr, fb, nearest, sok, som, soemin, sofmax)
     elif qk == 1:
         for i in range(d):
             qi = qrow[i]
@@ -232,7 +238,7 @@ def _attend_nb(q, kT, v, group, causal, scale_log2, pk, ak, lk, qk, flush, bn, m
         t0 = ch * total // nchunk
         t1 = (ch + 1) * total // nchunk
         srow = np.empty(nk)
-        width = max(nk, dv)
+        width = max(min(nk, _KCHUNK), dv)
         prod = np.empty((32, width))
         scr = np.empty((3, width))
         acc = np.empty(dv)
@@ -329,10 +335,18 @@ def store(x: Any, fmt: str, name: str = "fmt") -> np.ndarray:
     ``e4m3`` nearest and saturating at ±448, as vLLM's uncalibrated FP8 cache), float32 when
     exact there (``exact``: float64 unchanged)."""
     _choice(name, fmt, STORE_FORMATS)
-    a = np.asarray(x, dtype=np.float64)
     if fmt == "exact":
-        return a
-    r = round_to(a, {"e4m3": "fp8_e4m3", "bf16": "bf16", "fp32": "fp32"}[fmt], saturate=True)
+        return np.asarray(x, dtype=np.float64)
+    a = np.asarray(x)
+    a32 = a.astype(np.float32)
+    if a.dtype == np.float32 or np.array_equal(a32, a, equal_nan=True):
+        # float32 input: ml_dtypes' cast rounds once, to nearest even (clipping first is SATFINITE)
+        if fmt == "fp32":
+            return a32
+        if fmt == "e4m3":
+            return np.clip(a32, -448.0, 448.0).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        return a32.astype(ml_dtypes.bfloat16).astype(np.float32)
+    r = round_to(a.astype(np.float64), {"e4m3": "fp8_e4m3", "bf16": "bf16", "fp32": "fp32"}[fmt], saturate=True)
     return r.astype(np.float32)
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import accum, floats, formats, longrange, models
+from . import accum, floats, formats, models
+from .experiments import longrange as long_range
 from .experiments import needle
 from .params import (Bool, Custom, Float, FloatList, Int, IntList, Pairs, Params, PathStr, Schema, Str,
                      StrList)
@@ -115,23 +116,18 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
     ]),
     Schema("06_long_range_needle", [
         Int("seed", 0, lo=0),
-        IntList("n_tokens", [4096, 32768, 131072], lo=2, hi=2**20),
-        FloatList("needle_weights", [0.1, 0.01], lo=0.0, hi=0.999, lo_open=True),
-        StrList("positions", ["middle"], choices=longrange.POSITIONS),
-        Int("head_dim", 64, lo=1, hi=512),
-        Str("structure", "post", choices=longrange.STRUCTURES),
-        Int("trials", 1, lo=1, hi=1000),
-        Custom("storage", ["none", "fp8_e4m3"], lambda n, v: longrange.check_storage(v, n)),
-        Custom("arithmetic", [["exact", "exact"], ["bf16", "fp32"], ["bf16", "bf16"], ["fp8_e4m3", "exact"],
-                              ["fp8_e4m3", "hopper"], ["fp8_e4m3", "hopper_promoted"]],
-               lambda n, v: longrange.check_arithmetic(v, n)),
-        StrList("denominators", ["fp32", "matched"], choices=longrange.DENOMINATORS),
-        Int("flush_n", 131072, lo=2, hi=2**20),
-        Custom("flush_accumulators", ["hopper", "two_level_128", "two_level_512", "two_level_8192"],
-               lambda n, v: longrange.check_accumulators(v, n)),
-        Int("storage_n", 32768, lo=2, hi=2**20),
-        Custom("storage_formats", ["none", "bf16", "fp8_e4m3", "q8_0", "q4_0", "kivi4", "kivi2", "q8_0/q4_0"],
-               lambda n, v: longrange.check_storage(v, n)),
+        IntList("n_tokens", [4096, 16384, 65536, 131072], lo=64, hi=2**21, doc="contexts of the main grid"),
+        Int("head_dim", 128, lo=32, hi=256, doc="Llama-3.1-8B's, as in vLLM's runs"),
+        Int("block_n", 96, lo=32, hi=512, doc="KV block: FA3's FP8 decode tile for head_dim 128"),
+        Int("heads", 3, lo=1, hi=72, doc="real heads (data/real_kv) at channel-mean-ratio quantiles 0.5 to 1"),
+        Int("trials", 1, lo=1, hi=100, doc="haystacks per head and context"),
+        Float("needle_weight", 0.05, lo=0.0, hi=0.5, lo_open=True, doc="the needle's exact attention weight"),
+        StrList("fixes", list(long_range.FIXES), choices=list(long_range.FIXES)),
+        Int("where_n", 131072, lo=64, hi=2**21, doc="context of the where-is-the-loss and kernel-knob runs"),
+        IntList("splits", [1, 2, 8], lo=1, hi=64),
+        IntList("block_sizes", [128, 192, 224], lo=32, hi=512),
+        IntList("scaling_frac_bits", [7, 9, 11, 13], lo=3, hi=20),
+        IntList("scaling_n", [2**k for k in range(10, 18)], lo=64, hi=2**21),
     ]),
     Schema("07_real_kv", [
         IntList("bits", [8, 4, 2], lo=2, hi=16),

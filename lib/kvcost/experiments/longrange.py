@@ -1,0 +1,252 @@
+"""Notebook 06's tables: one decode row through FlashAttention-3's FP8 kernel (:mod:`kvcost.fa3`)
+at long context, on haystacks whose per-head statistics come from real tensors.
+
+A haystack for a head profile (:func:`head_profiles`, from ``data/real_kv``):
+
+- V rows drawn per channel with the head's channel means and spreads (so its channel-mean
+  ratio ρ = RMS(channel means) / RMS(channel spreads) is the real head's), tiled to ``head_dim``;
+- keys N(0, 1) and a query scaled so that scores q·k/√d have the head's score spread;
+- an attention sink at position 0 holding the head's sink share of the exact weight, and a
+  needle in the middle with exact weight ``needle_weight`` (keys along q, solved in closed form);
+- Q, K, V stored in e4m3 at scale 1.0 (vLLM's uncalibrated FP8 cache).
+
+Metrics against float64 attention on the same stored cache: relative L2 error, gain
+(o·ref/|ref|²), and the needle's share: its recovered weight ((o − h)·(v_j − h)/|v_j − h|², h the
+exact haystack mean) over its exact weight. A needle counts as retrieved when its share is
+within a factor 2 of the exact one.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .. import fa3, realkv
+
+__all__ = [
+    "FIXES",
+    "WHERE",
+    "Haystack",
+    "HeadProfile",
+    "context_grid",
+    "head_profiles",
+    "knob_grid",
+    "make_haystack",
+    "metrics",
+    "pick_profiles",
+    "profile_table",
+    "published_niah",
+    "scaling_grid",
+    "where_grid",
+]
+
+#: vLLM's fixes as fa3 arguments: none (FA3 as released), PR #104 (every tile), PR #122 (every N tiles).
+FIXES: dict[str, dict] = {"no fix": {}, "PR #122 every 64": {"flush_every": 64},
+                          "PR #122 every 4": {"flush_every": 4}, "PR #104 every tile": {"flush_every": 1}}
+#: The kernel with one part made exact at a time (and all three).
+WHERE: dict[str, dict] = {"kernel": {}, "exact QKᵀ": {"qk": "exact"}, "exact l": {"l_accumulator": "exact"},
+                          "exact acc_o": {"accumulator": "exact"},
+                          "all three exact": {"qk": "exact", "l_accumulator": "exact", "accumulator": "exact"}}
+
+
+@dataclass(frozen=True)
+class HeadProfile:
+    """One real head's statistics: V's channel means ``mu`` and spreads ``sd``, ρ, the score
+    spread and the sink share (both from K·K scores: MiniLM's queries are not stored)."""
+
+    layer: int
+    head: int
+    rho: float
+    spread: float
+    sink: float
+    mu: np.ndarray
+    sd: np.ndarray
+
+    @property
+    def label(self) -> str:
+        return f"L{self.layer}H{self.head} (ρ {self.rho:.2f})"
+
+
+@dataclass(frozen=True)
+class Haystack:
+    """Stored q (d,), k and v (n, d) float32; the needle's row and exact weight; the float64
+    reference output and the exact haystack mean h (both on the stored cache)."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    needle: int
+    weight: float
+    ref: np.ndarray
+    hbar: np.ndarray
+
+
+def head_profiles(kv: realkv.RealKV) -> list[HeadProfile]:
+    """Every layer x head of ``kv``: V's channel statistics over non-special tokens, and from
+    K·K/√d scores within each window (a key standing in for the query, itself excluded) the
+    median score spread and the median weight on the window's first token ([CLS])."""
+    keep = ~kv.special
+    out = []
+    for layer in range(kv.k.shape[0]):
+        for head in range(kv.k.shape[1]):
+            v = kv.v[layer, head][keep]
+            mu, sd = v.mean(axis=0), v.std(axis=0)
+            rho = float(np.sqrt(np.mean(mu ** 2)) / np.sqrt(np.mean(sd ** 2)))
+            spreads, sinks = [], []
+            for w in np.unique(kv.window):
+                idx = np.flatnonzero(kv.window == w)
+                k = kv.k[layer, head][idx]
+                s = k @ k.T / math.sqrt(k.shape[1])
+                np.fill_diagonal(s, -np.inf)
+                rows = s[1:]                                   # queries: every token but the first
+                fin = np.where(np.isfinite(rows), rows, np.nan)
+                spreads.append(np.nanstd(fin, axis=1))
+                e = np.exp(rows - rows.max(axis=1, keepdims=True))
+                sinks.append(e[:, 0] / e.sum(axis=1))
+            out.append(HeadProfile(layer, head, rho, float(np.median(np.concatenate(spreads))),
+                                   float(np.median(np.concatenate(sinks))), mu, sd))
+    return out
+
+
+def profile_table(profiles: Sequence[HeadProfile]) -> pd.DataFrame:
+    """layer, head, rho, score_spread, sink_share per profile."""
+    return pd.DataFrame([{"layer": p.layer, "head": p.head, "rho": p.rho, "score_spread": p.spread,
+                          "sink_share": p.sink} for p in profiles])
+
+
+def pick_profiles(profiles: Sequence[HeadProfile], count: int) -> list[HeadProfile]:
+    """``count`` heads at ρ quantiles from the median to the largest (the typical head and the
+    worst ones for accumulation)."""
+    order = sorted(profiles, key=lambda p: (p.rho, p.layer, p.head))
+    qs = [0.5] if count == 1 else np.linspace(0.5, 1.0, count)
+    idx = sorted({min(len(order) - 1, round(float(q) * (len(order) - 1))) for q in qs})
+    return [order[i] for i in idx]
+
+
+def _place(q: np.ndarray, others: np.ndarray, weight: float) -> float:
+    """The score that gives exact weight ``weight`` against scores ``others``."""
+    m = float(others.max())
+    lse = m + math.log(float(np.exp(others - m).sum()))
+    return math.log(weight) - math.log1p(-weight) + lse
+
+
+def make_haystack(p: HeadProfile, n: int, d: int, needle_weight: float, seed: int,
+                  kv_format: str = "e4m3") -> Haystack:
+    """A haystack of ``n`` tokens for profile ``p`` (see the module docstring); deterministic in seed."""
+    rng = np.random.default_rng([seed, p.layer, p.head, n])
+    mu, sd = np.resize(p.mu, d).astype(np.float32), np.resize(p.sd, d).astype(np.float32)
+    v = fa3.store(mu + sd * rng.standard_normal((n, d), dtype=np.float32), kv_format)
+    g = rng.standard_normal(d)
+    q = fa3.store(g * (p.spread * math.sqrt(d) / np.linalg.norm(g)), "e4m3").astype(np.float64)
+    k = rng.standard_normal((n, d), dtype=np.float32)
+    j = n // 2
+    qq = float(q @ q)
+    base = k.astype(np.float64) @ q / math.sqrt(d)
+    rest = np.delete(base, [0, j])
+    t_sink = _place(q, rest, min(max(p.sink, 1e-6), 0.9))            # the sink's share of the haystack
+    k[0] = q * (t_sink * math.sqrt(d) / qq)
+    s0 = np.concatenate([[t_sink], rest])
+    k[j] = q * (_place(q, s0, needle_weight) * math.sqrt(d) / qq)
+    k = fa3.store(k, kv_format)
+    s = k.astype(np.float64) @ q / math.sqrt(d)
+    w = np.exp(s - s.max())
+    w /= w.sum()
+    vv = v.astype(np.float64)
+    ref = w @ vv
+    hbar = (ref - w[j] * vv[j]) / (1.0 - w[j])
+    return Haystack(q.astype(np.float32), k, v, j, float(w[j]), ref, hbar)
+
+
+def metrics(h: Haystack, out: np.ndarray) -> dict[str, float | bool]:
+    """rel_l2, gain, share (recovered / exact needle weight) and retrieved (share within 2x)."""
+    dv = h.v[h.needle].astype(np.float64) - h.hbar
+    share = float((out - h.hbar) @ dv / (dv @ dv)) / h.weight
+    rr = float(h.ref @ h.ref)
+    return {"rel_l2": float(np.linalg.norm(out - h.ref) / math.sqrt(rr)), "gain": float(out @ h.ref / rr),
+            "share": share, "retrieved": bool(0.5 <= share <= 2.0)}
+
+
+def _attend(hs: Sequence[Haystack], block_n: int, **kw: object) -> np.ndarray:
+    """One fa3.attend call for several haystacks of the same length, each its own KV head
+    (rows run in parallel): returns (len(hs), d)."""
+    q = np.stack([h.q for h in hs])[:, None, :]
+    k = np.stack([h.k for h in hs])
+    v = np.stack([h.v for h in hs])
+    return fa3.attend(q, k, v, block_n=block_n, **kw)[:, 0]
+
+
+def _grid(profiles: Sequence[HeadProfile], ns: Sequence[int], d: int, trials: int, needle_weight: float,
+          seed: int, variants: dict[str, dict], block_n: int, column: str) -> pd.DataFrame:
+    rows = []
+    for n in ns:
+        keys = [(p, t) for p in profiles for t in range(trials)]
+        hs = [make_haystack(p, n, d, needle_weight, seed + t) for p, t in keys]
+        for name, kw in variants.items():
+            kw = dict(kw)
+            bn = int(kw.pop("block_n", block_n))
+            outs = _attend(hs, bn, **kw)
+            for (p, t), h, out in zip(keys, hs, outs):
+                rows.append({"head": p.label, "rho": p.rho, "n_tokens": n, "trial": t, column: name,
+                             "block_n": bn, **metrics(h, out)})
+        del hs
+    cols = ["head", "rho", "n_tokens", "trial", column, "block_n"]
+    return pd.DataFrame(rows).sort_values(cols[:5], kind="stable").reset_index(drop=True)
+
+
+def context_grid(profiles: Sequence[HeadProfile], ns: Sequence[int], d: int, trials: int, needle_weight: float,
+                 seed: int, fixes: Sequence[str] = tuple(FIXES), block_n: int = 96) -> pd.DataFrame:
+    """Every head x context x trial under each fix (:data:`FIXES`), plus the exact-arithmetic
+    kernel (P bf16, fp32 accumulation) as ``"bf16 P, fp32 acc"``."""
+    variants = {f: FIXES[f] for f in fixes}
+    variants["bf16 P, fp32 acc"] = {"p_format": "bf16", "accumulator": "fp32"}
+    return _grid(profiles, ns, d, trials, needle_weight, seed, variants, block_n, "fix")
+
+
+def where_grid(profiles: Sequence[HeadProfile], n: int, d: int, trials: int, needle_weight: float, seed: int,
+               block_n: int = 96) -> pd.DataFrame:
+    """The kernel with QKᵀ, the row sum l, acc_o, and all three made exact in turn (:data:`WHERE`)."""
+    return _grid(profiles, [n], d, trials, needle_weight, seed, WHERE, block_n, "variant")
+
+
+def knob_grid(profiles: Sequence[HeadProfile], n: int, d: int, trials: int, needle_weight: float, seed: int,
+              splits: Sequence[int], block_sizes: Sequence[int], block_n: int = 96) -> pd.DataFrame:
+    """No fix at context n: split-KV counts, KV block sizes, and rounding to nearest."""
+    variants: dict[str, dict] = {}
+    for s in splits:
+        variants[f"splits {s}"] = {"splits": s}
+    for b in block_sizes:
+        variants[f"block_n {b}"] = {"block_n": b}
+    variants["terms cut to nearest"] = {"rounding": "nearest"}
+    return _grid(profiles, [n], d, trials, needle_weight, seed, variants, block_n, "variant")
+
+
+def scaling_grid(p: HeadProfile, ns: Sequence[int], frac_bits: Sequence[int], d: int, trials: int,
+                 needle_weight: float, seed: int, block_n: int = 96) -> pd.DataFrame:
+    """acc_o's own error (the kernel against the same kernel with an exact acc_o) for a narrower
+    or wider tensor core: rows n_tokens, frac_bits, x = n·2^-frac_bits, acc_error, rel_l2."""
+    rows = []
+    for n in ns:
+        hs = [make_haystack(p, n, d, needle_weight, seed + t) for t in range(trials)]
+        exact_acc = _attend(hs, block_n, accumulator="exact")
+        for fb in frac_bits:
+            outs = _attend(hs, block_n, frac_bits=fb)
+            for t, (h, out, ex) in enumerate(zip(hs, outs, exact_acc)):
+                rows.append({"n_tokens": n, "trial": t, "frac_bits": fb, "x": n * 2.0 ** -fb,
+                             "acc_error": float(np.linalg.norm(out - ex) / np.linalg.norm(ex)),
+                             "rel_l2": metrics(h, out)["rel_l2"]})
+    return pd.DataFrame(rows)
+
+
+def published_niah(published: pd.DataFrame) -> pd.DataFrame:
+    """The published 128k NIAH accuracies per kernel variant, read from
+    ``data/accumulation_published.csv``: fix, source, accuracy."""
+    pub = published.set_index("quantity")
+    pairs = [("BF16 (blog)", "niah_bf16"), ("no fix", "niah_fp8_tensor_core_accumulation"),
+             ("PR #104 every tile", "niah_fp8_two_level"), ("PR #104 every tile", "niah_two_level_flush_every_1_step"),
+             ("PR #122 every 4", "niah_two_level_flush_every_4_steps"),
+             ("PR #122 every 64", "niah_two_level_flush_every_64_steps")]
+    return pd.DataFrame([{"fix": fix, "quantity": q, "source": pub.loc[q, "source"].split(",")[0],
+                          "accuracy": float(pub.loc[q, "value"])} for fix, q in pairs])
