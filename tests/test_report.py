@@ -37,7 +37,8 @@ def test_untested_run_compares_nothing():
 def test_errata_wording():
     text = report.verdict_markdown(errata=[report.Check("c1", "2", "3", False, "wrong: it is 3"),
                                            report.Check("c2", "1", "1", True, "correct")])
-    assert "**Errata**: 1 of 2" in text and "— wrong: it is 3" in text and "— correct" in text
+    assert "**Errata**: 1 of 2" in text and "— wrong: published `2`; computed 3 (wrong: it is 3)" in text
+    assert "— correct: published `1`" in text
     assert "Differs" not in text and "does not hold" not in text
 
 

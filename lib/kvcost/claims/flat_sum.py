@@ -97,5 +97,9 @@ def reproduction_checks(table: pd.DataFrame) -> list[Check]:
 
 def errata_checks(errata: pd.DataFrame) -> list[Check]:
     """The errata rows as :class:`Check` items (agrees when the measured verdict upholds the claim)."""
-    return [Check(r.claim, r.post, r.measured, r.verdict.startswith("correct"), r.verdict)
-            for r in errata.itertuples(index=False)]
+    out = []
+    for r in errata.itertuples(index=False):
+        ok = r.verdict.startswith("correct")
+        note = r.verdict.removeprefix("correct" if ok else "wrong").lstrip(",:").strip()
+        out.append(Check(r.claim, r.post, r.measured, ok, note))
+    return out

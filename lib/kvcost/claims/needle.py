@@ -35,8 +35,8 @@ def reading_checks(table: pd.DataFrame, sources: pd.DataFrame, sweep: pd.DataFra
         "The margin, not the bit count, decides whether you lose the needle",
         "margin decides",
         f"at a {sweep.margin.max():g}-logit margin the flip rate runs from "
-        f"{rate_text(int(lo_row.flips), int(lo_row.trials))} (K {int(lo_row.k_bits)}-bit) to "
-        f"{rate_text(int(hi_row.flips), int(hi_row.trials))} (K {int(hi_row.k_bits)}-bit)",
+        f"{rate_text(int(lo_row.flips), int(lo_row.trials), digits=1)} (K {int(lo_row.k_bits)}-bit) to "
+        f"{rate_text(int(hi_row.flips), int(hi_row.trials), digits=1)} (K {int(hi_row.k_bits)}-bit)",
         intervals_overlap(lo_ci, hi_ci),
         "both decide: the margin a needle needs grows as K's bits shrink"))
     # "the drift compounds through the value mix": compare V-only to K-only output error.
@@ -46,7 +46,7 @@ def reading_checks(table: pd.DataFrame, sources: pd.DataFrame, sweep: pd.DataFra
                 "At 4 bits the output error (0.98) is drift compounding through the value mix",
                 "value-mix drift",
                 f"V rounded alone: {r.out_rel_l2_v_only:.3f}; K rounded alone: {r.out_rel_l2_k_only:.3f} "
-                f"({rate_text(int(r.flips_k_only), int(r.trials))} flips)",
+                f"({rate_text(int(r.flips_k_only), int(r.trials), digits=1)} flips)",
                 bool(r.out_rel_l2_v_only > r.out_rel_l2_k_only),
                 "the output error is the needle lost to K's rounding; V's rounding adds little"))
     # Key takeaways: "Accumulation precision: fix the register, or lose 155/200 at 4 bits".
@@ -55,7 +55,7 @@ def reading_checks(table: pd.DataFrame, sources: pd.DataFrame, sweep: pd.DataFra
         checks.append(Check(
             "Key takeaways: accumulation precision, 'or lose 155/200 at 4 bits'",
             "an accumulation loss",
-            f"{rate_text(int(four.flips.iloc[0]), int(four.trials.iloc[0]))} lost at 4 bits with float64 "
+            f"{rate_text(int(four.flips.iloc[0]), int(four.trials.iloc[0]), digits=1)} lost at 4 bits with float64 "
             "arithmetic throughout: a storage loss",
             False,
             "the needle table rounds only the stored K and V; no accumulator is involved"))

@@ -98,7 +98,7 @@ def verdict_markdown(checks: Sequence[Check] = (), what: str = "printed numbers"
     """Markdown verdict: the printed numbers, the rows the post did not print, the readings, the errata.
 
     ``checks`` compare the post's printed numbers with kvcost's (reproduced, or which differ
-    and why). ``untested`` names computed rows the post printed nothing for. ``readings``
+    and why). ``untested`` names computed rows or claims the post reported nothing for. ``readings``
     are claims in the post's prose, each holding or not. ``errata`` are the post's claims
     checked by computation, each correct or wrong. ``tested=False`` (the run's parameters
     ``changed`` are not the post's): nothing is compared; readings show what was computed.
@@ -106,9 +106,9 @@ def verdict_markdown(checks: Sequence[Check] = (), what: str = "printed numbers"
     lines = ["### Verdict"]
     if not tested:
         params = ", ".join(f"`{c}`" for c in changed) or "the parameters"
-        lines += ["", f"**{NOT_TESTED.capitalize()}**: this run changed {params} from the post's values, and "
-                  "the post printed numbers for its own values only. The tables above are what the post's code "
-                  "computes for these parameters; nothing here is compared with the post."]
+        lines += ["", f"**{NOT_TESTED.capitalize()}**: this run changes {params} from the setting the post "
+                  "reported, so nothing here is compared with the post; the tables above are what kvcost computes "
+                  "for these parameters."]
     elif checks:
         lines.append("")
         n_ok = sum(c.agrees for c in checks)
@@ -122,7 +122,7 @@ def verdict_markdown(checks: Sequence[Check] = (), what: str = "printed numbers"
                     why = f" — {c.note}" if c.note else ""
                     lines.append(f"- {c.claim}: published `{c.published}`, kvcost computes `{c.computed}`{why}")
     if tested and untested:
-        lines += ["", f"**{NOT_TESTED.capitalize()}**: {', '.join(untested)} (the post printed no such rows)."]
+        lines += ["", f"**{NOT_TESTED.capitalize()}**: {'; '.join(untested)}."]
     if readings:
         if tested:
             n_hold = sum(c.agrees for c in readings)
@@ -140,8 +140,9 @@ def verdict_markdown(checks: Sequence[Check] = (), what: str = "printed numbers"
         n_wrong = sum(not c.agrees for c in errata)
         lines += ["", f"**Errata**: {n_wrong} of {len(errata)} of the post's claims are wrong.", ""]
         for c in errata:
-            mark = c.note or ("correct" if c.agrees else "wrong")
-            lines.append(f"- *{c.claim}* — {mark}. Post: `{c.published}`; computed: {c.computed}.")
+            mark = "correct" if c.agrees else "wrong"
+            why = f" ({c.note})" if c.note else ""
+            lines.append(f"- *{c.claim}* — {mark}: published `{c.published}`; computed {c.computed}{why}.")
     return "\n".join(lines)
 
 

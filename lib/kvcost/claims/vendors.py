@@ -15,7 +15,8 @@ from ..experiments.vendors import published
 from ..units import GB, GIB, MIB
 from .report import Check, checks_frame
 
-__all__ = ["checks", "checks_table", "dgx_spark_buffer_checks", "qwen3_q8_0_checks", "weights_ratio_check"]
+__all__ = ["checks", "checks_table", "dgx_spark_buffer_checks", "parameter_free_checks", "qwen3_q8_0_checks",
+           "weights_ratio_check"]
 
 
 def _saving_gib(model: str, context: int, base: str, quantized: str) -> float:
@@ -77,7 +78,16 @@ def checks(weights_gib: float | None = None) -> list[Check]:
     ``weights_gib`` is the Q4_K_M weight file the post compares the 128k cache with
     (default: the published 4.68 GiB).
     """
-    out = qwen3_q8_0_checks() + dgx_spark_buffer_checks() + [weights_ratio_check(weights_gib)]
+    return [*qwen3_q8_0_checks(), *dgx_spark_buffer_checks(), weights_ratio_check(weights_gib), *_other_checks()]
+
+
+def parameter_free_checks() -> list[Check]:
+    """:func:`checks` without the one that depends on notebook 05's ``weights_gib``."""
+    return [*qwen3_q8_0_checks(), *dgx_spark_buffer_checks(), *_other_checks()]
+
+
+def _other_checks() -> list[Check]:
+    out = []
     # vLLM: 91% -> 13% -> 89% on 128k NIAH; "worth 76 points of needle accuracy".
     points = published("vllm_niah_two_level_pct") - published("vllm_niah_fp8_pct")
     out.append(Check("two-level accumulation was worth 76 points (13% -> 89%)",
