@@ -288,6 +288,13 @@ def run_in_child(nb: Path, params: Mapping[str, Any], out: Path, *, kernel: str 
         _CHILDREN.add(proc)
     try:
         code = proc.wait()
+    except BaseException:          # Ctrl-C while waiting here: the child stops its kernel and exits
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
     finally:
         with _CHILDREN_LOCK:
             _CHILDREN.discard(proc)
@@ -303,9 +310,14 @@ def execute_run(task: Mapping[str, Any]) -> dict[str, Any]:
     """One sweep run, anywhere (a local thread or a Dask worker): the notebook's source travels
     with the task; the run goes to a temporary folder and its files come back as bytes.
 
-    ``task``: ``stem``, ``source`` (the notebook's JSON text), ``params``, ``kernel``.
+    ``task``: ``stem``, ``source`` (the notebook's JSON text), ``params``, ``kernel``,
+    ``kvcost_version`` (a worker with another version refuses the run).
     Returns ``{"result": RunResult as dict, "files": {name: bytes}}``.
     """
+    if task.get("kvcost_version", __version__) != __version__:
+        error = f"this worker has kvcost {__version__}, the sweep was submitted with {task['kvcost_version']}"
+        return {"result": asdict(RunResult(task["stem"], dict(task["params"]), "", "failed", error=error,
+                                           host=os.uname().nodename)), "files": {}}
     with tempfile.TemporaryDirectory(prefix="kvcost-run-") as tmp:
         nb = Path(tmp) / f"{task['stem']}.ipynb"
         nb.write_text(task["source"])

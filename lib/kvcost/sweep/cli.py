@@ -65,7 +65,7 @@ def _status(sweep: Sweep, out: Path) -> int:
         st = state(out, run.key)
         counts[st] += 1
         rec = record(out, run.key) or {}
-        cost = (f"{duration(rec.get('seconds', 0))}, {rec.get('peak_memory_mib', 0):g} MiB"
+        cost = (f"{duration(rec.get('seconds', 0))}, {rec.get('peak_memory_mib', 0):.0f} MiB"
                 if st != "not run" else "")
         note = f"  {rec.get('error', '')}" if st == "failed" else ""
         print(f"  run {run.index:<3d} {st:9s} {cost:18s} {describe(run.params, sweep.grid_names)}{note}")

@@ -19,6 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from .. import __version__
 from ..runner import allow_runs, execute_run, terminate_children
 from .spec import Run, Sweep
 from .store import combine, save_run, state
@@ -135,8 +136,8 @@ def run_sweep(sweep: Sweep, out: Path | None = None, *, jobs: int = 1, scheduler
     todo, skipped, done = pending(sweep, out, retry_failed)
     outcome = Outcome(len(sweep.runs), done, failed_skipped=skipped)
     source = sweep.nb.read_text()
-    tasks = {run.key: {"stem": sweep.stem, "source": source, "params": run.params, "kernel": kernel}
-             for run in todo}
+    tasks = {run.key: {"stem": sweep.stem, "source": source, "params": run.params, "kernel": kernel,
+                       "kvcost_version": __version__} for run in todo}
     bar = tqdm(total=len(todo), unit="run", desc=sweep.name, file=sys.stderr, disable=not progress or not todo,
                dynamic_ncols=True)
 
