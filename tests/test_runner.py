@@ -2,9 +2,13 @@
 import json
 import os
 import re
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import sweep_toys
@@ -114,3 +118,29 @@ def test_readme_example_runs_verbatim_and_leaves_git_clean():
         assert "finished in" in r.stdout
     assert status() == before
     assert list((ROOT / "results" / "runs" / "03_needle_cliff" / "margin=1.0").glob("*.png"))
+
+
+def test_ctrl_c_stops_the_run_and_its_kernel_with_one_line(tmp_path):
+    nb = sweep_toys.write_notebook(tmp_path)
+    nb.write_text(nb.read_text().replace('print(\\"toy\\", x)', "import time; time.sleep(120)"))
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import sweep_toys; "
+            "from kvcost import notebook_params; notebook_params.SCHEMAS[sweep_toys.STEM] = sweep_toys.SCHEMA; "
+            "from kvcost import run; sys.exit(run.main(sys.argv[1:]))")
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(nb), "-p", "x", "3", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    log = out / "run.log"
+    while time.time() < deadline and not (log.exists() and "Executing Cell 2" in log.read_text(errors="replace")):
+        time.sleep(0.2)
+    assert time.time() < deadline
+    children = psutil.Process(proc.pid).children(recursive=True)     # the run's process and its kernel
+    assert len(children) >= 2
+    os.killpg(proc.pid, signal.SIGINT)                                # what Ctrl-C in a terminal sends
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert err.strip().splitlines() == ["interrupted: toy_sweep did not finish and wrote no table; "
+                                        "run the same command again"]
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert alive == []
+    assert sorted(p.name for p in out.iterdir()) == ["run.log"]

@@ -337,6 +337,7 @@ def _child_main(spec_json: str) -> int:
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 child.kill()
+        shutil.rmtree(Path(spec["out"]) / STAGING, ignore_errors=True)   # nothing half-written stays
         os._exit(128 + signal.SIGTERM)
 
     def orphan_watch() -> None:    # the caller died (a Dask worker closed): do not run on alone
