@@ -1,16 +1,66 @@
-"""Notebook 09's tables: the fleet planner for several models, contexts and KV formats."""
+"""Notebook 09's tables: the fleet planner for several models, contexts and KV formats, and a
+needle measured in each K/V storage format at each planned context."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from .. import fleet, vllm
+from .. import fleet, floats, formats, ggml, realkv, vllm
 from ..models import load_model
 from ..units import GIB
+from . import longrange
 
-__all__ = ["dtype_choice", "plan_table", "vllm_table"]
+__all__ = ["dtype_choice", "needle_by_format", "plan_table", "store_as", "vllm_table"]
+
+_FLOAT_STORES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+
+
+def store_as(x: np.ndarray, fmt: str) -> np.ndarray:
+    """``x`` (rows along the last axis) as a cache in ``fmt`` hands it back to attention: a float
+    format rounded to nearest (fp8 saturating, per-tensor scale 1), a llama.cpp block format through
+    its reference quantizer; ``none`` unchanged. Float64 out."""
+    if fmt == "none":
+        return np.asarray(x, dtype=np.float64)
+    name = formats.get(fmt).name
+    if name in _FLOAT_STORES:
+        return np.asarray(floats.round_to(np.asarray(x, dtype=np.float64), _FLOAT_STORES[name], saturate=True))
+    if name in formats.GGML_BLOCKS:
+        return ggml.ggml_roundtrip(np.asarray(x, dtype=np.float32), name).astype(np.float64)
+    raise ValueError(f"parameter 'dtypes': {fmt!r} has no storage emulation here (float formats and llama.cpp "
+                     f"blocks: {sorted(_FLOAT_STORES) + sorted(formats.GGML_BLOCKS)})")
+
+
+def needle_by_format(contexts: Sequence[int], dtypes: Sequence[str], trials: int = 4, needle_weight: float = 0.1,
+                     seed: int = 0, head_dim: int = 64) -> pd.DataFrame:
+    """A needle in each K/V format at each context: rows ``n_tokens, trial, storage, share, rel_l2, retrieved``.
+
+    Notebook 06's haystack (:func:`kvcost.experiments.longrange.make_haystack`) for the median real
+    head of ``data/real_kv``, kept exact; K and V stored in each format (``K`` or ``K/V`` names;
+    ``none/none`` is the reference); attention in float64. Retrieved: the needle's recovered weight
+    within a factor 2 of its exact weight (notebook 06's criterion).
+    """
+    profile = longrange.pick_profiles(longrange.head_profiles(realkv.load_real_kv()), 1)[0]
+    specs = ["none/none"] + [d if "/" in d else f"{d}/{d}" for d in dtypes]
+    rows = []
+    for n in contexts:
+        for t in range(trials):
+            h = longrange.make_haystack(profile, n, head_dim, needle_weight, seed + t, kv_format="exact")
+            q = h.q.astype(np.float64)
+            for spec in specs:
+                kf, vf = spec.split("/")
+                k, v = store_as(h.k, kf), store_as(h.v, vf)
+                s = k @ q / math.sqrt(head_dim)
+                w = np.exp(s - s.max())
+                out = (w / w.sum()) @ v
+                m = longrange.metrics(h, out)
+                label = "none/none" if spec == "none/none" else "/".join(formats.get(f).name for f in (kf, vf))
+                rows.append({"n_tokens": n, "trial": t, "storage": label, "accumulator": "exact",
+                             "share": m["share"], "rel_l2": m["rel_l2"], "retrieved": m["retrieved"]})
+    return pd.DataFrame(rows)
 
 
 def plan_table(models: Sequence[str], gpu: str, contexts: Sequence[int], dtypes: Sequence[str], n_gpus: int = 1,
