@@ -1,6 +1,7 @@
 """Engine-exact sizing: llama.cpp's KV buffers and vLLM's block pool against real log lines."""
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -125,3 +126,15 @@ def test_plan_readings() -> None:
     assert checks["halving it [the cache] with one byte per value is arithmetic"].agrees
     assert "3/4" in checks["whether the half you keep still answers the question is not arithmetic"].computed
     assert not checks["Llama-2-7B"].agrees and "4,096" in checks["Llama-2-7B"].computed
+
+
+def test_needle_by_format_small() -> None:
+    df = plan_exp.needle_by_format([512], ["q8_0", "fp8_e4m3/q4_0"], trials=1)
+    assert list(df.storage) == ["none/none", "q8_0/q8_0", "fp8_e4m3/q4_0"]
+    ref = df[df.storage == "none/none"].iloc[0]
+    assert ref.retrieved and abs(ref.share - 1) < 1e-9
+    x = np.linspace(-3, 3, 64).reshape(2, 32)
+    assert np.array_equal(plan_exp.store_as(x, "none"), x)
+    assert np.abs(plan_exp.store_as(x, "q8_0") - x).max() < 3 / 127
+    with pytest.raises(ValueError, match="dtypes"):
+        plan_exp.store_as(x, "kivi2")
