@@ -42,7 +42,7 @@ def test_committed_notebook_is_clean(path):
 
 
 # Notebooks whose validation cell still predates the schemas (their owners convert them).
-PENDING_SCHEMA = {"06_long_range_needle"}
+PENDING_SCHEMA: set[str] = set()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -73,6 +73,8 @@ BAD = [
     ("07_real_kv", {"outlier_threshold": 1.0}, "'outlier_threshold'"),
     ("07_real_kv", {"bits": [1]}, "'bits"),
     ("07_real_kv", {"majority": 1.0}, "'majority'"),
+    ("06_long_range_needle", {"heads": 0}, "'heads'"),
+    ("06_long_range_needle", {"fixes": ["PR #999"]}, "'fixes"),
 ]
 
 
@@ -90,18 +92,22 @@ OTHER_PARAMETERS = {
     "04_accumulator_floor": {"n_tokens": [64, 1000, 4096], "compare_n": [], "two_level_block": 64},
     "05_vendor_table": {"weights_gib": 6.0},
     "07_real_kv": {"bits": [8, 3], "outlier_threshold": 2.5, "token_group": 16, "synthetic_tokens": 1024},
+    "06_long_range_needle": {"n_tokens": [2048, 8192], "head_dim": 64, "block_n": 128, "heads": 1, "where_n": 8192,
+                             "splits": [1, 2], "block_sizes": [128], "scaling_frac_bits": [9, 11],
+                             "scaling_n": [1024, 4096]},
 }
 
 
-def _tree_state(folder):
-    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(folder.iterdir())}
+def _figures_of(stem):
+    folder = repo_root() / "figures"
+    prefix = stem.split("_", 1)[0] + "_"
+    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(folder.glob(prefix + "*"))}
 
 
 @pytest.mark.parametrize("stem", sorted(OTHER_PARAMETERS))
 def test_run_with_other_parameters(stem, tmp_path, monkeypatch):
     monkeypatch.delenv("KVCOST_FIGURE_DIR", raising=False)
-    figures = repo_root() / "figures"
-    before = _tree_state(figures)
+    before = _figures_of(stem)
     out_dir = tmp_path / "results"
     pm.execute_notebook(str(NOTEBOOK_DIR / f"{stem}.ipynb"), str(tmp_path / "out.ipynb"),
                         parameters={**OTHER_PARAMETERS[stem], "out_dir": str(out_dir)},
@@ -109,7 +115,7 @@ def test_run_with_other_parameters(stem, tmp_path, monkeypatch):
     text = (tmp_path / "out.ipynb").read_text()
     assert "Differs" not in text and "does not hold" not in text
     assert "### Verdict" in text
-    assert _tree_state(figures) == before, "a run with other parameters wrote into figures/"
+    assert _figures_of(stem) == before, "a run with other parameters wrote into figures/"
     assert list(out_dir.glob("*.csv")), "no table written to out_dir"
     assert list(out_dir.glob("*.png")) and list(out_dir.glob("*.svg")), "figures not written next to the tables"
 
