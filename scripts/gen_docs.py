@@ -25,8 +25,8 @@ def _cell(text: str) -> str:
 def params_block(stem: str) -> str:
     rows = ["| parameter | default | the post's value | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
     for r in notebook_params.get(stem).table():
-        rows.append(f"| `{r['name']}` | `{_cell(r['default'])}` | {('`' + _cell(r['post']) + '`') if r['post'] else ''} "
-                    f"| {_cell(r['allowed'])} | {_cell(r['doc'])} |")
+        post = f"`{_cell(r['post'])}`" if r["post"] else ""
+        rows.append(f"| `{r['name']}` | `{_cell(r['default'])}` | {post} | {_cell(r['allowed'])} | {_cell(r['doc'])} |")
     return "\n".join(rows)
 
 

@@ -52,7 +52,8 @@ def test_saved_figures_are_byte_identical(tmp_path):
     digests = []
     for run in range(2):
         fig, ax = plt.subplots()
-        ax.plot([1, 2, 3], [3, 1, 2], label="x"); ax.legend()
+        ax.plot([1, 2, 3], [3, 1, 2], label="x")
+        ax.legend()
         paths = plotting.save(fig, f"f{run}", ("png", "svg"), folder=tmp_path)
         plt.close(fig)
         digests.append([hashlib.sha256(p.read_bytes()).hexdigest() for p in paths])
@@ -77,6 +78,7 @@ def test_post_tables_parse_every_printed_row():
 def test_figure_dir_can_be_redirected(tmp_path, monkeypatch):
     monkeypatch.setenv("KVCOST_FIGURE_DIR", str(tmp_path / "elsewhere"))
     fig = plt.figure()
-    (path,) = plotting.save(fig, "redirected")
+    paths = plotting.save(fig, "redirected")
     plt.close(fig)
-    assert path == tmp_path / "elsewhere" / "redirected.png" and path.is_file()
+    assert paths == [tmp_path / "elsewhere" / "redirected.png", tmp_path / "elsewhere" / "redirected.svg"]
+    assert all(p.is_file() for p in paths)

@@ -16,8 +16,7 @@ from typing import Any
 from . import accum, floats, formats, models
 from .experiments import longrange as long_range
 from .experiments import needle
-from .params import (Bool, Custom, Float, FloatList, Int, IntList, Pairs, Params, PathStr, Schema, Str,
-                     StrList)
+from .params import Bool, Custom, Float, FloatList, Int, IntList, Pairs, Params, PathStr, Schema, Str, StrList
 
 __all__ = ["SCHEMAS", "get", "validate", "stems"]
 
@@ -100,13 +99,13 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         Int("n_max_log2", 20, lo=1, hi=24),
         StrList("formats", ["fp32", "bf16", "fp16"], item=_float_format),
         StrList("strategies", ["flat", "two_level", "pairwise", "kahan", "hopper", "hopper_promoted"],
-                choices=list(accum.STRATEGIES[:4]) + ["hopper", "hopper_promoted"]),
+                choices=[*accum.STRATEGIES[:4], "hopper", "hopper_promoted"]),
         Int("block", 128, lo=1),
         Int("d", 4, lo=1, hi=256),
         Float("needle_mass", 0.5, lo=0.0, hi=0.99),
         IntList("flush_intervals", [1, 4, 64, 128, 256], lo=1),
         Int("flush_n", 131072, lo=1, hi=2**24),
-        Int("tokens_per_step", 128, lo=32),
+        Int("tokens_per_step", 96, lo=32, doc="KV block: FA3's FP8 decode tile at head_dim 128 (192/224 prefill)"),
         Int("deepseek_K", 4096, lo=32, hi=2**20),
         Int("deepseek_trials", 200, lo=1, hi=10_000),
     ], checks=[_n_range]),
@@ -125,7 +124,7 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         StrList("fixes", list(long_range.FIXES), choices=list(long_range.FIXES)),
         Int("where_n", 131072, lo=64, hi=2**21, doc="context of the where-is-the-loss and kernel-knob runs"),
         IntList("splits", [1, 2, 8], lo=1, hi=64),
-        IntList("block_sizes", [128, 192, 224], lo=32, hi=512),
+        IntList("block_sizes", [96, 128, 192, 224], lo=32, hi=512),
         IntList("scaling_frac_bits", [7, 9, 11, 13], lo=3, hi=20),
         IntList("scaling_n", [2**k for k in range(10, 18)], lo=64, hi=2**21),
     ]),

@@ -287,7 +287,7 @@ class Custom(_Param):
 class Params(Mapping[str, Any]):
     """Validated parameters of one notebook run: ``p.seed``, ``p["seed"]``, ``p.out`` …"""
 
-    def __init__(self, schema: "Schema", values: dict[str, Any]) -> None:
+    def __init__(self, schema: Schema, values: dict[str, Any]) -> None:
         self._schema, self._values = schema, values
         self.out: Path = resolve_out_dir(values.get("out_dir"), schema.stem)
 
@@ -375,7 +375,7 @@ class Schema:
         ``values`` may be a notebook's ``globals()``: names the schema does not declare are
         ignored here (the runner and sweeps reject them before a run starts).
         """
-        checked = {p.name: p.check(values[p.name] if p.name in values else p.default) for p in self.params}
+        checked = {p.name: p.check(values.get(p.name, p.default)) for p in self.params}
         for rule in self.checks:
             rule(checked)
         return Params(self, checked)
