@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pandas as pd
 
@@ -17,6 +18,9 @@ from . import longrange
 __all__ = ["dtype_choice", "needle_by_format", "plan_table", "store_as", "vllm_table"]
 
 _FLOAT_STORES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+#: numpy / ml_dtypes types whose cast from float32 rounds once, to nearest even (the fast path of store_as)
+_CASTS = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp8_e4m3": ml_dtypes.float8_e4m3fn,
+          "fp8_e5m2": ml_dtypes.float8_e5m2}
 
 
 def store_as(x: np.ndarray, fmt: str) -> np.ndarray:
@@ -27,7 +31,14 @@ def store_as(x: np.ndarray, fmt: str) -> np.ndarray:
         return np.asarray(x, dtype=np.float64)
     name = formats.get(fmt).name
     if name in _FLOAT_STORES:
-        return np.asarray(floats.round_to(np.asarray(x, dtype=np.float64), _FLOAT_STORES[name], saturate=True))
+        a = np.asarray(x, dtype=np.float64)
+        a32 = a.astype(np.float32)
+        if np.array_equal(a32, a):
+            # float32 values: one cast rounds to nearest even; clipping to the largest finite value first
+            # saturates exactly as floats.round_to(..., saturate=True) does (tests compare the two)
+            top = floats.parse_format(_FLOAT_STORES[name]).max
+            return np.clip(a32, -top, top).astype(_CASTS[name]).astype(np.float64)
+        return np.asarray(floats.round_to(a, _FLOAT_STORES[name], saturate=True))
     if name in formats.GGML_BLOCKS:
         return ggml.ggml_roundtrip(np.asarray(x, dtype=np.float32), name).astype(np.float64)
     raise ValueError(f"parameter 'dtypes': {fmt!r} has no storage emulation here (float formats and llama.cpp "
@@ -35,24 +46,29 @@ def store_as(x: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def needle_by_format(contexts: Sequence[int], dtypes: Sequence[str], trials: int = 4, needle_weight: float = 0.1,
-                     seed: int = 0, head_dim: int = 64) -> pd.DataFrame:
+                     seed: int = 0, head_dim: int = 64, first_trial: int = 0) -> pd.DataFrame:
     """A needle in each K/V format at each context: rows ``n_tokens, trial, storage, share, rel_l2, retrieved``.
 
     Notebook 06's haystack (:func:`kvcost.experiments.longrange.make_haystack`) for the median real
     head of ``data/real_kv``, kept exact; K and V stored in each format (``K`` or ``K/V`` names;
     ``none/none`` is the reference); attention in float64. Retrieved: the needle's recovered weight
-    within a factor 2 of its exact weight (notebook 06's criterion).
+    within a factor 2 of its exact weight (notebook 06's criterion). Trial ``t`` (from ``first_trial``)
+    is haystack seed ``seed + t``, so any slice of trials can be recomputed on its own.
     """
     profile = longrange.pick_profiles(longrange.head_profiles(realkv.load_real_kv()), 1)[0]
     specs = ["none/none"] + [d if "/" in d else f"{d}/{d}" for d in dtypes]
     rows = []
     for n in contexts:
-        for t in range(trials):
+        for t in range(first_trial, first_trial + trials):
             h = longrange.make_haystack(profile, n, head_dim, needle_weight, seed + t, kv_format="exact")
             q = h.q.astype(np.float64)
+            stored: dict[tuple[str, str], np.ndarray] = {}        # K and V in each format, once per haystack
             for spec in specs:
                 kf, vf = spec.split("/")
-                k, v = store_as(h.k, kf), store_as(h.v, vf)
+                for key, x, f in (("k", h.k, kf), ("v", h.v, vf)):
+                    if (key, f) not in stored:
+                        stored[key, f] = store_as(x, f)
+                k, v = stored["k", kf], stored["v", vf]
                 s = k @ q / math.sqrt(head_dim)
                 w = np.exp(s - s.max())
                 out = (w / w.sum()) @ v
