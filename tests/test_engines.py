@@ -27,8 +27,33 @@ def test_vllm_log_lines(row) -> None:
 
 def test_enough_real_lines_with_sources() -> None:
     ll, vl = engine_logs.llamacpp_rows(), engine_logs.vllm_rows()
-    assert len(ll) >= 15 and len(vl) >= 10
     assert all(r["source"] and r["log_line"] for r in ll + vl)
+    # counted: lines a reader can follow to a public URL showing them (second-hand and unlocated rows are checked,
+    # never counted)
+    assert len(engine_logs.first_hand(ll)) >= 15 and len(engine_logs.first_hand(vl)) >= 10
+    for r in ll + vl:
+        assert not r["source"].startswith("code-index"), r["id"]            # an index id is not a citation
+        if r["provenance"] == "first-hand":
+            assert r["source"].startswith("https://github.com/"), r["id"]
+            if "/blob/" in r["source"]:                                      # a file: repository, ref and path
+                assert len(r["source"].split("/blob/")[1].split("/")) >= 2, r["id"]
+        else:
+            assert ("NOT COUNTED" in r["note"]) == (r["provenance"] == "unlocated"), r["id"]
+            assert r["provenance"] == "unlocated" or r["note"].startswith("SECOND-HAND"), r["id"]
+    with pytest.raises(ValueError, match="provenance"):
+        engine_logs.first_hand([{"id": "x", "provenance": "hearsay", "source": "https://x"}])
+
+
+def test_every_row_is_checked_and_unexplained_rows_say_why() -> None:
+    results = engine_logs.check_all()
+    assert len(results) == len(engine_logs.llamacpp_rows()) + len(engine_logs.vllm_rows())
+    unexplained = [r for r in results if r["expect"] == "unexplained"]
+    assert {r["id"] for r in unexplained} == {"qwen3_235b_tp4", "unnamed_fp8_100k", "unnamed_2k",
+                                              "qwen3_8b_4090_mnbt2048", "qwen3_8b_4090_mnbt8192"}
+    assert all(not r["agrees"] and len(r["note"]) > 40 for r in unexplained)
+    llama = {r["id"]: r for r in results if r["engine"] == "llama.cpp"}
+    assert f"{llama['qwen25_32b_q8_0_32k']['mib']:.2f}" == "4352.00"              # q8_0: 34 bytes per 32 values
+    assert llama["pythia14b_128"]["cells"] == 128 and llama["llama405b_4k_rpc"]["cells"] == 4096
 
 
 def test_llamacpp_padding_and_streams() -> None:

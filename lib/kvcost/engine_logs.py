@@ -3,7 +3,10 @@
 Each row carries its source, the model (a ``data/models`` name, or the geometry the log states) and the
 settings; :func:`check_llamacpp` / :func:`check_vllm` recompute what the engine should print and say
 whether it agrees (llama.cpp: to the printed 0.01 MiB; vLLM: within the block rounding that the
-budget's two printed decimals allow). Rows marked ``unexplained`` carry the reason in ``note``.
+budget's two printed decimals allow; a line with nothing the model can recompute does not agree). Rows
+marked ``unexplained`` carry the reason in ``note``. ``provenance`` says how far the source can be
+followed: ``first-hand`` (a public URL showing the line), ``second-hand`` (a cited document quoting
+it), ``unlocated`` (a public file whose repository could not be identified; checked, never counted).
 """
 from __future__ import annotations
 
@@ -18,7 +21,11 @@ from .hfconfig import Geometry, from_hf_config
 from .models import load_model
 from .units import GIB
 
-__all__ = ["check_all", "check_llamacpp", "check_vllm", "data_dir", "llamacpp_rows", "vllm_rows"]
+__all__ = ["PROVENANCE", "check_all", "check_llamacpp", "check_vllm", "data_dir", "first_hand", "llamacpp_rows",
+           "vllm_rows"]
+
+#: How far a row's source can be followed (the ``provenance`` column).
+PROVENANCE = ("first-hand", "second-hand", "unlocated")
 
 
 def data_dir() -> Path:
@@ -37,6 +44,14 @@ def llamacpp_rows() -> list[dict[str, str]]:
 
 def vllm_rows() -> list[dict[str, str]]:
     return _rows("vllm_kv.csv")
+
+
+def first_hand(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows whose source is a public URL showing the line itself."""
+    bad = sorted({r.get("provenance", "") for r in rows} - set(PROVENANCE))
+    if bad:
+        raise ValueError(f"column 'provenance' must be one of {PROVENANCE}, got {bad}")
+    return [r for r in rows if r["provenance"] == "first-hand" and r["source"].startswith("https://")]
 
 
 def _geometry(row: dict[str, str]) -> Geometry:
@@ -84,12 +99,12 @@ def check_llamacpp(row: dict[str, str]) -> dict[str, Any]:
 def check_vllm(row: dict[str, str]) -> dict[str, Any]:
     """Recompute one vLLM row: tokens (and blocks) within the budget's printed rounding, and the concurrency."""
     checks = row["checks"].split("+")
-    max_len = int(row["max_model_len"])
+    max_len = int(row["max_model_len"]) if row["max_model_len"] else None
     blocks = int(row["log_blocks"]) if row["log_blocks"] else None
     tokens = int(row["log_tokens"]) if row["log_tokens"] else None
     out: dict[str, Any] = {"id": row["id"], "engine": "vllm", "logged": row["log_line"], "expect": row["expect"],
                            "source": row["source"], "note": row["note"]}
-    ok = True
+    ok, checked = True, False
     if row["model"] or row["n_head_kv"]:
         g = _geometry(row)
         tp, pp, bs = int(row["tp"]), int(row["pp"]), int(row["block_size"])
@@ -108,6 +123,7 @@ def check_vllm(row: dict[str, str]) -> dict[str, Any]:
             if "tokens" in checks or "blocks" in checks:
                 logged = tokens if tokens is not None else blocks * bs
                 ok &= lo.kv_tokens <= logged <= hi.kv_tokens
+                checked = True
             if "blocks" in checks and blocks is not None:
                 ok &= lo.num_blocks // len(lo.groups) <= blocks <= hi.num_blocks // len(hi.groups)
         if "concurrency" in checks and blocks is not None:
@@ -115,17 +131,21 @@ def check_vllm(row: dict[str, str]) -> dict[str, Any]:
             conc = blocks / need if row["engine"] == "v1" else blocks * bs / max_len
             out["predicted_concurrency"] = conc
             ok &= f"{conc:.2f}" == f"{float(row['log_concurrency']):.2f}"
+            checked = True
         elif "concurrency" in checks and tokens is not None:
             conc = tokens / max_len
             out["predicted_concurrency"] = conc
             ok &= f"{conc:.2f}" == f"{float(row['log_concurrency']):.2f}"
+            checked = True
     elif "concurrency" in checks:
         logged_tokens = tokens if tokens is not None else blocks * int(row["block_size"])
         conc = logged_tokens / max_len
         out["predicted_concurrency"] = conc
         out["predicted"] = f"{conc:.2f}x from the logged tokens (geometry unknown)"
         ok = False                                    # the model is unknown: the line is not explained
-    out["agrees"] = bool(ok)
+    if not checked:
+        out.setdefault("predicted", "nothing to recompute: the line gives no budget the model can start from")
+    out["agrees"] = bool(ok and checked)
     return out
 
 

@@ -36,10 +36,10 @@ __all__ = [
 
 #: KV formats compared by default: K and V the same, or (K, V) pairs.
 DEFAULT_DTYPES = ["bf16", "fp8_e4m3", "q8_0", "q4_0"]
-#: Reserve per GPU for activations, CUDA graphs and non-torch memory (GiB). vLLM logs show 1.44 GiB peak
-#: activation + 0.26 GiB non-torch + 0.23 GiB CUDA graphs for an 8B model on an 80 GB GPU
-#: (data/engine_logs, code-index:70231782181) and ~2.1 GiB peak over weights on a 24 GB GPU
-#: (https://github.com/vllm-project/vllm/issues/10517); 2.0 GiB is the stated default.
+#: Reserve per GPU for activations, CUDA graphs and non-torch memory (GiB). vLLM logs show 1.42 GiB peak
+#: activation + 0.03 GiB non-torch for a 7B model (https://github.com/vllm-project/vllm/issues/13882) and
+#: ~2.1 GiB peak over weights for Llama-3.1-8B on a 24 GB GPU (https://github.com/vllm-project/vllm/issues/10517);
+#: the peak grows with max_num_batched_tokens (vllm-project/vllm PR #48322). 2.0 GiB is the stated default.
 RESERVE_GIB = 2.0
 
 
