@@ -62,8 +62,12 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         Float("gpu_memory_utilization", 0.9, lo=0.0, hi=1.0, lo_open=True),
         IntList("contexts", [8192, 32768, 131072], lo=1, hi=2**22),
         StrList("dtypes", ["bf16", "fp8_e4m3", "q8_0", "q4_0", "q8_0/q4_0"], doc="K or K/V formats"),
-        Int("needle_trials", 4, lo=1, hi=1000, doc="haystacks per context and format for the accuracy column"),
+        Str("needle_source", "committed", choices=["committed", "live"],
+            doc="accuracy column from data/plan_needle (measured once, 200 haystacks per cell) or measured live"),
+        Int("needle_trials", 4, lo=1, hi=1000, doc="haystacks recomputed live per format: the check slice of the "
+            "committed data (smallest context), or per context and format with needle_source='live'"),
         Float("needle_weight", 0.1, lo=0.0, hi=1.0, lo_open=True, doc="attention weight of the needle"),
+        Int("seed", 0, lo=0, doc="haystack t uses seed + t"),
     ]),
     Schema("02_axis_choice", [
         Int("seed", 7, lo=0, post=7),

@@ -1,21 +1,29 @@
 """Notebook 09's tables: the fleet planner for several models, contexts and KV formats, and a
-needle measured in each K/V storage format at each planned context."""
+needle measured in each K/V storage format at each planned context (measured once at full scale
+into ``data/plan_needle/`` by ``scripts/plan_needle.py``; the notebook reads it and recomputes a slice)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pandas as pd
 
-from .. import fleet, floats, formats, ggml, realkv, vllm
+from .. import fleet, floats, formats, ggml, realkv, stats, vllm
 from ..models import load_model
 from ..units import GIB
 from . import longrange
 
-__all__ = ["dtype_choice", "needle_by_format", "plan_table", "store_as", "vllm_table"]
+__all__ = ["NEEDLE_DIR", "check_slice", "committed_needle", "dtype_choice", "needle_by_format", "needle_summary",
+           "paired_worse", "plan_table", "store_as", "vllm_table"]
+
+#: The committed full-scale needle measurement (needle.csv + provenance.json).
+NEEDLE_DIR = Path(__file__).resolve().parents[3] / "data" / "plan_needle"
 
 _FLOAT_STORES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 #: numpy / ml_dtypes types whose cast from float32 rounds once, to nearest even (the fast path of store_as)
@@ -76,6 +84,68 @@ def needle_by_format(contexts: Sequence[int], dtypes: Sequence[str], trials: int
                 label = "none/none" if spec == "none/none" else "/".join(formats.get(f).name for f in (kf, vf))
                 rows.append({"n_tokens": n, "trial": t, "storage": label, "accumulator": "exact",
                              "share": m["share"], "rel_l2": m["rel_l2"], "retrieved": m["retrieved"]})
+    return pd.DataFrame(rows)
+
+
+def committed_needle(folder: str | Path | None = None, needle_weight: float | None = None,
+                     seed: int | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The committed needle table and its provenance; ValueError when ``needle.csv`` no longer has the
+    sha256 that ``provenance.json`` records, or when ``needle_weight`` / ``seed`` (notebook parameters)
+    differ from the ones it was measured with."""
+    folder = Path(folder) if folder is not None else NEEDLE_DIR
+    prov = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
+    path = folder / "needle.csv"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != prov["needle_csv_sha256"]:
+        raise ValueError(f"{path}: sha256 {digest} is not the {prov['needle_csv_sha256']} recorded in "
+                         f"provenance.json; rerun scripts/plan_needle.py rather than editing the table")
+    used = prov["parameters"]
+    for name, value in (("needle_weight", needle_weight), ("seed", seed)):
+        if value is not None and value != used[name]:
+            raise ValueError(f"parameter {name!r}: the committed needle was measured with {name}={used[name]!r}, "
+                             f"got {value!r}; use needle_source='live' to measure with other values")
+    return pd.read_csv(path), prov
+
+
+def check_slice(live: pd.DataFrame, committed: pd.DataFrame) -> dict[str, Any]:
+    """Compare a live recomputation with the committed rows of the same context, trial and storage."""
+    keys = ["n_tokens", "trial", "storage"]
+    m = live.merge(committed, on=keys, how="left", suffixes=("_live", "_committed"), validate="one_to_one")
+    if m.share_committed.isna().any():
+        raise ValueError(f"{int(m.share_committed.isna().sum())} live rows have no committed counterpart")
+    return {"rows": len(m), "retrieved_equal": bool((m.retrieved_live == m.retrieved_committed.astype(bool)).all()),
+            "max_share_diff": float((m.share_live - m.share_committed).abs().max())}
+
+
+def needle_summary(needle: pd.DataFrame) -> pd.DataFrame:
+    """Per context and storage: retrieved k/n with its Wilson 95% interval, and how far the recovered
+    needle weight moved (|share - 1|: median and 95th percentile over the haystacks)."""
+    rows = []
+    for (n, storage), g in needle.groupby(["n_tokens", "storage"], sort=False):
+        k, t = int(g.retrieved.astype(bool).sum()), len(g)
+        lo, hi = stats.wilson(k, t)
+        err = (g.share - 1).abs() if "share" in g else pd.Series([math.nan])      # a table without shares
+        rows.append({"n_tokens": int(n), "storage": storage, "retrieved": k, "trials": t, "lo": lo, "hi": hi,
+                     "rate": stats.rate_text(k, t), "median_share_error": float(err.median()),
+                     "p95_share_error": float(err.quantile(0.95))})
+    return pd.DataFrame(rows)
+
+
+def paired_worse(needle: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
+    """Per context, in how many haystacks storage ``a`` moved the needle's weight further than ``b``
+    (|share - 1| larger on the same haystack): k, n, Wilson interval and text; a last row (``context``
+    'all', ``n_tokens`` 0) pools the contexts."""
+    d = needle.assign(err=(needle.share - 1).abs())
+    w = d.pivot_table(index=["n_tokens", "trial"], columns="storage", values="err", aggfunc="first")
+    if a not in w or b not in w:
+        raise ValueError(f"parameter 'dtypes': the needle table has no {a if a not in w else b!r} rows")
+    worse = (w[a] > w[b])
+    rows = []
+    for n, g in [*worse.groupby(level="n_tokens"), (0, worse)]:
+        k, t = int(g.sum()), len(g)
+        lo, hi = stats.wilson(k, t)
+        rows.append({"context": f"{int(n):,}" if n else "all", "n_tokens": int(n), "a": a, "b": b, "worse": k,
+                     "trials": t, "lo": lo, "hi": hi, "rate": stats.rate_text(k, t)})
     return pd.DataFrame(rows)
 
 
