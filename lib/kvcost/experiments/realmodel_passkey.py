@@ -1,0 +1,192 @@
+"""Passkey retrieval on SmolLM2-135M: exact attention, stored K/V formats, the FP8 kernel path.
+
+RULER's single-needle task (``niah_single_1``, in the model's chat template as RULER does for chat
+models: a "noise" haystack of repeated sentences, one
+needle "One of the special magic numbers for {key} is: {value}." at a chosen depth, the
+question at the end, a 7-digit value) built to a token budget with the model's tokenizer
+(:func:`build_prompt`). A trial succeeds when greedy decoding reproduces the value: scored by
+teacher forcing, the model's top-1 token equals the value's token at every position of the
+answer (exactly the condition for greedy decoding to emit the value after the answer prefix).
+
+Variants of one trial (:data:`VARIANTS` holds the spellings):
+
+- ``exact``: stock attention (torch SDPA, float32).
+- ``store:<fmt>``: K/V stored in ``fmt`` (kvcost.realmodel.StoredCache) for every row.
+- ``fa3[:k=v,...]``: FlashAttention-3's FP8 forward pass (kvcost.fa3.attend: Q, K, V in e4m3 at
+  scale 1.0, P in e4m3, P·V on the tensor core with ``frac_bits``, ``flush_every``) for the
+  question and answer rows of every layer, earlier rows exact (fast mode; the exact prefix is
+  computed once per trial and shared); ``fa3full[...]`` runs every row of every layer through it
+  (faithful mode).
+
+torch and transformers are imported where used (the ``[real-model]`` extra).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import fa3, realmodel
+
+__all__ = ["HAYSTACK", "KEYS", "Prompt", "build_prompt", "parse_variant", "FA3Attention", "run_trial"]
+
+#: RULER's "noise" haystack sentence (the passkey task of Mohtashami & Jaggi, 2023).
+HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+#: Needle keys (RULER draws a word; a fixed list keeps trials reproducible without a word list).
+KEYS = ("apple", "river", "garden", "silver", "candle", "forest", "window", "harbor", "meadow", "lantern",
+        "pepper", "castle", "velvet", "comet", "island", "marble", "thunder", "orchid", "falcon", "saddle")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Token ids of one trial: ``prefix`` (instruction, haystack and needle), ``tail`` (question,
+    answer prefix and the value's tokens); the value occupies the last ``n_answer`` tail tokens."""
+
+    prefix: list[int]
+    tail: list[int]
+    n_answer: int
+    key: str
+    value: str
+    depth: float
+
+
+def build_prompt(tok: Any, context: int, depth: float, seed: int) -> Prompt:
+    """A RULER niah_single_1 prompt of about ``context`` tokens with the needle at ``depth`` (0-1)."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"parameter 'depth' must be in [0, 1], got {depth!r}")
+    rng = np.random.default_rng(seed)
+    key = KEYS[int(rng.integers(len(KEYS)))]
+    value = str(int(rng.integers(1_000_000, 10_000_000)))
+    system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    head = (system + "<|im_start|>user\nSome special magic numbers are hidden within the following text. "
+            "Make sure to memorize it. I will quiz you about the numbers afterwards.\n")
+    needle = f" One of the special magic numbers for {key} is: {value}."
+    question = (f"\nWhat is the special magic number for {key} mentioned in the provided text?<|im_end|>\n"
+                "<|im_start|>assistant\n")
+    answer = f"The special magic number for {key} mentioned in the provided text is"
+
+    def ids(s: str) -> list[int]:
+        return tok(s, add_special_tokens=False)["input_ids"]
+
+    hay = ids(" " + HAYSTACK)
+    fixed = len(ids(head)) + len(ids(needle)) + len(ids(question + answer)) + 8
+    n_rep = max(1, (context - fixed) // len(hay))
+    cut = round(depth * n_rep)
+    body = " " + " ".join([HAYSTACK] * cut) if cut else ""
+    rest = " " + " ".join([HAYSTACK] * (n_rep - cut)) if n_rep - cut else ""
+    prefix = ids(head + body.lstrip() + needle + rest)
+    ans = ids(" " + value)
+    tail = ids(question + answer) + ans
+    return Prompt(prefix, tail, len(ans), key, value, float(depth))
+
+
+def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
+    """``(kind, options)`` of a variant name: ``exact``, ``store:<fmt>``, ``fa3[:k=v,...]``,
+    ``fa3full[:k=v,...]`` (options: ``frac_bits``, ``flush_every``, ``p_format``)."""
+    if name == "exact":
+        return "exact", {}
+    if name.startswith("store:"):
+        fmt = name[6:]
+        realmodel.parse_format(fmt)
+        return "store", {"fmt": fmt}
+    kind, _, opts = name.partition(":")
+    if kind not in ("fa3", "fa3full"):
+        raise ValueError(f"parameter 'variant': unknown variant {name!r}")
+    out: dict[str, Any] = {}
+    for item in filter(None, opts.split(",")):
+        k, _, v = item.partition("=")
+        if k in ("frac_bits", "flush_every"):
+            out[k] = int(v)
+        elif k == "p_format":
+            out[k] = v
+        else:
+            raise ValueError(f"parameter 'variant': unknown option {k!r} in {name!r}")
+    return kind, out
+
+
+class FA3Attention:
+    """A transformers attention function: kvcost.fa3.attend while ``active``, else SDPA.
+
+    Register it (:meth:`register`) and switch ``active`` / ``options`` between forward passes.
+    """
+
+    NAME = "kvcost_fa3"
+
+    def __init__(self) -> None:
+        self.active = False
+        self.options: dict[str, Any] = {}
+        self.calls = 0
+
+    def __call__(self, module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
+                 **kwargs: Any) -> tuple[Any, None]:
+        import torch
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        if not self.active:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        self.calls += 1
+        out = fa3.attend(query[0].detach().numpy(), key[0].detach().numpy(), value[0].detach().numpy(),
+                         causal=True, softmax_scale=scaling, **self.options)
+        return torch.from_numpy(out.astype(np.float32)).transpose(0, 1).unsqueeze(0), None
+
+    def register(self, model: Any) -> None:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(self.NAME, self)
+        model.set_attn_implementation(self.NAME)
+
+
+def _score(logits: Any, tail: list[int], n_answer: int) -> dict[str, Any]:
+    """Teacher-forced check of the answer rows: ``logits`` (len(tail), vocab) for the tail rows,
+    where row i predicts tail[i + 1]."""
+    ans = np.asarray(tail[-n_answer:])
+    rows = logits[-n_answer - 1:-1].detach().numpy().astype(np.float64)
+    top = rows.argmax(axis=1)
+    true = rows[np.arange(n_answer), ans]
+    rows2 = rows.copy()
+    rows2[np.arange(n_answer), ans] = -np.inf
+    margin = float(np.min(true - rows2.max(axis=1)))
+    return {"success": bool(np.all(top == ans)), "margin": margin}
+
+
+def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str]) -> dict[str, dict[str, Any]]:
+    """Score every variant on one prompt; returns ``{variant: {"success", "margin", "seconds"}}``.
+
+    ``margin``: the smallest logit gap, over the answer tokens, between the value's token and the
+    best other token (negative when a wrong token wins). ``seconds``: the variant's time (the shared
+    exact prefix is counted in the first variant that needs it).
+    """
+    import torch
+
+    parsed = {v: parse_variant(v) for v in variants}
+    out: dict[str, dict[str, Any]] = {}
+    full = torch.tensor([prompt.prefix + prompt.tail])
+    n_pre = len(prompt.prefix)
+    shared = None
+    with torch.no_grad():
+        for name, (kind, opt) in parsed.items():
+            t0 = time.perf_counter()
+            if kind in ("exact", "fa3"):
+                if shared is None:
+                    attn.active = False
+                    shared = realmodel.StoredCache("fp32")
+                    model(full[:, :n_pre], past_key_values=shared, use_cache=True, logits_to_keep=1)
+                extra = shared.get_seq_length() - n_pre
+                if extra > 0:
+                    shared.crop(-extra)
+                attn.active, attn.options = kind == "fa3", opt
+                logits = model(full[:, n_pre:], past_key_values=shared, use_cache=True).logits[0]
+            elif kind == "store":
+                attn.active = False
+                cache = realmodel.StoredCache(opt["fmt"])
+                logits = model(full, past_key_values=cache, use_cache=True,
+                               logits_to_keep=len(prompt.tail)).logits[0]
+            else:                                    # fa3full: every row of every layer
+                attn.active, attn.options = True, opt
+                logits = model(full, past_key_values=realmodel.StoredCache("fp32"), use_cache=True,
+                               logits_to_keep=len(prompt.tail)).logits[0]
+            attn.active = False
+            out[name] = _score(logits, prompt.tail, prompt.n_answer) | {"seconds": time.perf_counter() - t0}
+    return out

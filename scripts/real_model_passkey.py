@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Passkey retrieval on SmolLM2-135M: a resumable grid of (context, trial, variant) cells.
+
+    python scripts/real_model_passkey.py --context 1024 --trials 20 \
+        --variants exact fa3 fa3:frac_bits=7 fa3:frac_bits=4 store:q4_0
+
+Trial i of a context puts the needle at depth (i + 0.5) / trials with seed 1000 * context + i
+(kvcost.experiments.realmodel_passkey.build_prompt). One CSV row per cell, appended as soon as a
+trial's variants are scored (data/real_model/passkey.csv): ``context, trial, depth, tokens,
+variant, success, margin, seconds``; cells already in the file are skipped. Provenance in
+passkey.json.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lib"))
+
+from kvcost import realmodel  # noqa: E402
+from kvcost.experiments import realmodel_passkey as pk  # noqa: E402
+
+OUT = ROOT / "data" / "real_model" / "passkey.csv"
+FIELDS = ["context", "trial", "depth", "tokens", "variant", "success", "margin", "seconds"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int, nargs="+", required=True)
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--first-trial", type=int, default=0)
+    ap.add_argument("--variants", nargs="+", default=["exact", "fa3"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    for v in args.variants:
+        pk.parse_variant(v)
+    model, tok = realmodel.load(args.threads)
+    attn = pk.FA3Attention()
+    attn.register(model)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = args.out.with_suffix(".json")
+    if not meta.is_file():
+        meta.write_text(json.dumps({
+            "command": "python scripts/real_model_passkey.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "started": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+            "versions": realmodel.versions(), "gguf_sha256": realmodel.sha256(realmodel.find_gguf()),
+        }, indent=1, sort_keys=True) + "\n")
+    done = set()
+    if args.out.is_file():
+        with open(args.out, newline="") as f:
+            done = {(int(r["context"]), int(r["trial"]), r["variant"]) for r in csv.DictReader(f)}
+    new_file = not args.out.is_file()
+    with open(args.out, "a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS)
+        if new_file:
+            writer.writeheader()
+        for c in args.context:
+            for i in range(args.first_trial, args.trials):
+                todo = [v for v in args.variants if (c, i, v) not in done]
+                if not todo:
+                    continue
+                depth = (i + 0.5) / args.trials
+                prompt = pk.build_prompt(tok, c, depth, seed=1000 * c + i)
+                results = pk.run_trial(model, attn, prompt, todo)
+                for v in todo:
+                    res = results[v]
+                    writer.writerow({"context": c, "trial": i, "depth": depth,
+                                     "tokens": len(prompt.prefix) + len(prompt.tail), "variant": v,
+                                     "success": int(res["success"]), "margin": repr(res["margin"]),
+                                     "seconds": round(res["seconds"], 1)})
+                    print(f"context {c} trial {i} depth {depth:.3f} {v}: {res}", flush=True)
+                fh.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
