@@ -15,16 +15,19 @@ def test_error_sweep_and_flush_sweep():
     assert fl[("1", "needle_middle")] < fl[("64", "needle_middle")] < fl[("never", "needle_middle")]
 
 
-def test_deepseek_check_shape_and_promotion_helps():
-    ds = beyond_flat.deepseek_check(K=1024, trials=20, keep_bits=(14,))
-    assert len(ds) == 2
-    assert (ds["max_rel_error_promoted"] < ds["max_rel_error"]).all()
+def test_deepseek_check_normwise_and_promotion_helps():
+    ds = beyond_flat.deepseek_check(K=1024, trials=20, frac_bits=(13,))
+    assert len(ds) == len(beyond_flat.DEEPSEEK_INPUTS)
+    assert (ds["normwise_rel_error_promoted"] < ds["normwise_rel_error"]).all()
+    # errors add up when the products share a sign: zero-mean inputs lose least
+    e = ds.set_index("inputs")["normwise_rel_error"]
+    assert e["normal"] < e["normal, mean 1"] < e["uniform_positive"]
 
 
 def test_verdict_from_small_tables():
     sweep = beyond_flat.error_sweep([256, 65536], ["fp32", "bf16"], ["flat", "two_level", "pairwise", "hopper"], d=2)
     flush = beyond_flat.flush_sweep([1, 4, 64], 65536, d=2)
-    ds = beyond_flat.deepseek_check(K=1024, trials=20, keep_bits=(14,))
+    ds = beyond_flat.deepseek_check(K=1024, trials=20, frac_bits=(13,))
     checks = claims.beyond_flat_checks(sweep, flush, ds, claims.load_published())
     assert len(checks) >= 8 and all(isinstance(c.agrees, bool) for c in checks)
     assert checks[0].agrees        # the needle is more forgiving than the flat profile

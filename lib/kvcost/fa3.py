@@ -338,7 +338,7 @@ def store(x: Any, fmt: str, name: str = "fmt") -> np.ndarray:
     if fmt == "exact":
         return np.asarray(x, dtype=np.float64)
     a = np.asarray(x)
-    a32 = a.astype(np.float32)
+    a32 = a.astype(np.float32, copy=False)
     if a.dtype == np.float32 or np.array_equal(a32, a, equal_nan=True):
         # float32 input: ml_dtypes' cast rounds once, to nearest even (clipping first is SATFINITE)
         if fmt == "fp32":

@@ -141,8 +141,8 @@ def checks(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, scal
         "13 bits at long context)", "curves collapse",
         f"curves for frac_bits {sorted(scaling['frac_bits'].unique().tolist())} differ by at most "
         f"{fit['spread_dex']:.2g} decades where they overlap, while the error moves {fit['range_dex']:.2g} decades; "
-        + (f"acc_o's error reaches 10% at n·2^-b ≈ {fit['x_at_level']:.2g}, i.e. about {n_fail:,.0f} tokens with "
-           f"{frac_bits} bits" if np.isfinite(n_fail) else "the error never reaches 10% in this range"),
+        + (f"acc_o's error reaches 10% at n·2^-b ≈ {fit['x_at_level']:.2g}, i.e. about {float(f'{n_fail:.2g}'):,.0f} "
+           f"tokens with {frac_bits} bits" if np.isfinite(n_fail) else "the error never reaches 10% in this range"),
         bool(fit["spread_dex"] <= 0.3 and fit["range_dex"] >= 1.0),
         "the curves do not collapse within a factor 2"))
     return out

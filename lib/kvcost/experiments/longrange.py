@@ -47,6 +47,7 @@ __all__ = [
 FIXES: dict[str, dict] = {"no fix": {}, "PR #122 every 64": {"flush_every": 64},
                           "PR #122 every 4": {"flush_every": 4}, "PR #104 every tile": {"flush_every": 1}}
 #: The kernel with one part made exact at a time (and all three).
+_BATCH_ELEMENTS = 1 << 26        # K (or V) elements per fa3.attend call: 256 MiB in float32
 WHERE: dict[str, dict] = {"kernel": {}, "exact QKᵀ": {"qk": "exact"}, "exact l": {"l_accumulator": "exact"},
                           "exact acc_o": {"accumulator": "exact"},
                           "all three exact": {"qk": "exact", "l_accumulator": "exact", "accumulator": "exact"}}
@@ -144,20 +145,29 @@ def make_haystack(p: HeadProfile, n: int, d: int, needle_weight: float, seed: in
     k = rng.standard_normal((n, d), dtype=np.float32)
     j = n // 2
     qq = float(q @ q)
-    base = k.astype(np.float64) @ q / math.sqrt(d)
+    base = _rows(k, lambda blk: blk @ q) / math.sqrt(d)
     rest = np.delete(base, [0, j])
     t_sink = _place(q, rest, min(max(p.sink, 1e-6), 0.9))            # the sink's share of the haystack
     k[0] = q * (t_sink * math.sqrt(d) / qq)
     s0 = np.concatenate([[t_sink], rest])
     k[j] = q * (_place(q, s0, needle_weight) * math.sqrt(d) / qq)
     k = fa3.store(k, kv_format)
-    s = k.astype(np.float64) @ q / math.sqrt(d)
+    s = _rows(k, lambda blk: blk @ q) / math.sqrt(d)
     w = np.exp(s - s.max())
     w /= w.sum()
-    vv = v.astype(np.float64)
-    ref = w @ vv
-    hbar = (ref - w[j] * vv[j]) / (1.0 - w[j])
+    ref = _rows(v, lambda blk, i0: w[i0:i0 + len(blk)] @ blk, reduce=True)
+    hbar = (ref - w[j] * v[j].astype(np.float64)) / (1.0 - w[j])
     return Haystack(q.astype(np.float32), k, v, j, float(w[j]), ref, hbar)
+
+
+def _rows(m: np.ndarray, fn, reduce: bool = False, chunk: int = 1 << 16) -> np.ndarray:
+    """``fn`` over float64 copies of row blocks of the float32 matrix ``m`` (bounded memory):
+    the results concatenated, or summed when ``reduce`` (then ``fn`` also gets the block's start)."""
+    parts = []
+    for i0 in range(0, m.shape[0], chunk):
+        blk = m[i0:i0 + chunk].astype(np.float64)
+        parts.append(fn(blk, i0) if reduce else fn(blk))
+    return np.sum(parts, axis=0) if reduce else np.concatenate(parts)
 
 
 def metrics(h: Haystack, out: np.ndarray) -> dict[str, float | bool]:
@@ -183,15 +193,18 @@ def _grid(profiles: Sequence[HeadProfile], ns: Sequence[int], d: int, trials: in
     rows = []
     for n in ns:
         keys = [(p, t) for p in profiles for t in range(trials)]
-        hs = [make_haystack(p, n, d, needle_weight, seed + t) for p, t in keys]
-        for name, kw in variants.items():
-            kw = dict(kw)
-            bn = int(kw.pop("block_n", block_n))
-            outs = _attend(hs, bn, **kw)
-            for (p, t), h, out in zip(keys, hs, outs):
-                rows.append({"head": p.label, "rho": p.rho, "n_tokens": n, "trial": t, column: name,
-                             "block_n": bn, **metrics(h, out)})
-        del hs
+        per = max(1, _BATCH_ELEMENTS // (n * d))        # haystacks per batch: bounded memory at 1M tokens
+        for b0 in range(0, len(keys), per):
+            batch = keys[b0:b0 + per]
+            hs = [make_haystack(p, n, d, needle_weight, seed + t) for p, t in batch]
+            for name, kw in variants.items():
+                kw = dict(kw)
+                bn = int(kw.pop("block_n", block_n))
+                outs = _attend(hs, bn, **kw)
+                for (p, t), h, out in zip(batch, hs, outs):
+                    rows.append({"head": p.label, "rho": p.rho, "n_tokens": n, "trial": t, column: name,
+                                 "block_n": bn, **metrics(h, out)})
+            del hs
     cols = ["head", "rho", "n_tokens", "trial", column, "block_n"]
     return pd.DataFrame(rows).sort_values(cols[:5], kind="stable").reset_index(drop=True)
 
