@@ -112,10 +112,13 @@ def test_readme_example_runs_verbatim_and_leaves_git_clean():
     before = status()
     # the environment is already set up: make must not reinstall it in the middle of a test
     env = {**os.environ, "MAKEFLAGS": "-o .venv/.installed"}
-    for example in examples:
-        r = subprocess.run(["bash", "-c", example], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
-        assert r.returncode == 0, example + "\n" + r.stdout + r.stderr
-        assert "finished in" in r.stdout
+    # side by side: each is one kernel, mostly on one core
+    procs = [subprocess.Popen(["bash", "-c", ex], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for ex in examples]
+    for example, proc in zip(examples, procs):
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, example + "\n" + out + err
+        assert "finished in" in out
     assert status() == before
     assert list((ROOT / "results" / "runs" / "03_needle_cliff" / "margin=1.0").glob("*.png"))
 
