@@ -16,6 +16,7 @@ from typing import Any
 from . import accum, floats, formats, models
 from .experiments import longrange as long_range
 from .experiments import needle
+from .experiments import realmodel as real_decoder
 from .params import Bool, Custom, Float, FloatList, Int, IntList, Pairs, Params, PathStr, Schema, Str, StrList
 
 __all__ = ["SCHEMAS", "get", "validate", "stems"]
@@ -122,7 +123,9 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         IntList("n_tokens", [4096, 16384, 65536, 131072], lo=64, hi=2**21, doc="contexts of the main grid"),
         Int("head_dim", 128, lo=32, hi=256, doc="Llama-3.1-8B's, as in vLLM's runs"),
         Int("block_n", 96, lo=32, hi=512, doc="KV block: FA3's FP8 decode tile for head_dim 128"),
-        Int("heads", 3, lo=1, hi=72, doc="real heads (data/real_kv) at channel-mean-ratio quantiles 0.5 to 1"),
+        Str("source", "smollm2", choices=list(long_range.SOURCES),
+            doc="head statistics: SmolLM2-135M's (data/real_model) or MiniLM's (data/real_kv)"),
+        Int("heads", 3, lo=1, hi=72, doc="real heads at channel-mean-ratio quantiles 0.5 to 1"),
         Int("trials", 1, lo=1, hi=100, doc="haystacks per head and context"),
         Float("needle_weight", 0.05, lo=0.0, hi=0.5, lo_open=True, doc="the needle's exact attention weight"),
         StrList("fixes", list(long_range.FIXES), choices=list(long_range.FIXES)),
@@ -142,6 +145,12 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         Int("synthetic_tokens", 4096, lo=2),
         Int("synthetic_head_dim", 128, lo=1),
         PathStr("data_path", "", doc="'' for the committed data/real_kv file"),
+    ]),
+    Schema("08_real_decoder", [
+        StrList("live_formats", list(real_decoder.STORE_FORMATS_NUMPY), choices=real_decoder.STORE_FORMATS_NUMPY,
+                doc="formats the live slice round-trips on the committed extract"),
+        Bool("hadamard", True, doc="also the Hadamard-rotated twin of each live format"),
+        Int("min_windows", 1, lo=1, doc="formats with fewer text windows are left out of the tables"),
     ]),
 ]}
 

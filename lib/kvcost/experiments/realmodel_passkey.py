@@ -125,6 +125,11 @@ class FA3Attention:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         if not self.active:
+            n_q, n_k = query.shape[2], key.shape[2]
+            if attention_mask is None and 1 < n_q < n_k:
+                # transformers builds no mask for a custom attention name, and SDPA's is_causal would
+                # align the triangle top-left; a chunk after a cache needs it bottom-right
+                attention_mask = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)[None, None]
             return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         self.calls += 1
         out = fa3.attend(query[0].detach().numpy(), key[0].detach().numpy(), value[0].detach().numpy(),

@@ -1,0 +1,233 @@
+"""What notebook 08 computes from the real-decoder runs: SmolLM2-135M's K/V formats end to end.
+
+Everything here reads committed results (``data/real_model/``) with numpy and pandas; the runs
+themselves (torch) are ``scripts/real_model_*.py`` and ``scripts/llamacpp_reference.py``.
+
+- :func:`format_table`: per format and context, perplexity, Δ perplexity from the fp32 cache,
+  KL divergence, top-1 agreement, each with a Student-t 95% interval over text windows.
+- :func:`llamacpp_comparison`: our Δ from the fp16 cache beside llama.cpp's on the same windows,
+  with the tolerance the comparison is judged by (:func:`agreement`).
+- :func:`passkey_table`: retrieval success per (context, variant) with Wilson intervals.
+- :func:`live_slice`: the numpy part of the pipeline on the committed extract (storage error of
+  each format on real K/V, score spread and sink share of real queries), for nbval.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pandas as pd
+
+from .. import quant, realkv, stats
+from ..output import repo_root
+
+__all__ = ["DATA", "T95", "load_windows", "format_table", "llamacpp_comparison", "agreement", "passkey_table",
+           "load_provenance", "live_slice", "head_summary", "STORE_FORMATS_NUMPY"]
+
+DATA = Path("data") / "real_model"
+# Student t 0.975 quantiles for 1..30 degrees of freedom (scipy.stats.t.ppf(0.975, df)).
+T95 = (12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252, 2.306004135,
+       2.262157163, 2.228138852, 2.200985160, 2.178812830, 2.160368656, 2.144786688, 2.131449546, 2.119905299,
+       2.109815578, 2.100922040, 2.093024054, 2.085963447, 2.079613845, 2.073873068, 2.068657610, 2.063898562,
+       2.059538553, 2.055529439, 2.051830516, 2.048407142, 2.045229642, 2.042272456)
+#: The formats :func:`live_slice` round-trips with numpy alone (kvcost.realmodel.store_kv's numpy path).
+STORE_FORMATS_NUMPY = ("bf16", "fp8_e4m3", "q8_0", "q4_0", "q5_1", "iq4_nl", "kivi2")
+
+
+def _path(name: str, root: Path | None) -> Path:
+    return (root or repo_root()) / DATA / name
+
+
+def load_windows(name: str = "ppl_windows.csv", root: Path | None = None) -> pd.DataFrame:
+    """The per-window rows a run wrote (``ppl_windows.csv`` or ``llamacpp_windows.csv``)."""
+    p = _path(name, root)
+    if not p.is_file():
+        raise ValueError(f"parameter 'name': no results file {name!r} in {DATA}")
+    df = pd.read_csv(p)
+    need = {"context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32"}
+    if not need <= set(df.columns):
+        raise ValueError(f"parameter 'name': {name!r} lacks columns {sorted(need - set(df.columns))}")
+    return df
+
+
+def load_provenance(name: str, root: Path | None = None) -> dict:
+    """The JSON provenance file written beside a results file (command, versions, date, digests)."""
+    return json.loads(_path(name, root).read_text())
+
+
+def _t_interval(x: np.ndarray) -> tuple[float, float, float]:
+    x = np.asarray(x, dtype=float)
+    m = float(x.mean())
+    if x.size < 2:
+        return m, math.nan, math.nan
+    half = T95[min(x.size - 1, len(T95)) - 1] * float(x.std(ddof=1)) / math.sqrt(x.size)
+    return m, m - half, m + half
+
+
+def _per_window(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-window perplexity, Δ from fp32 and fp16, mean KL and top-1 agreement (only windows
+    that have both references)."""
+    d = df.assign(ppl=np.exp(df["nll_sum"] / df["n"]), kl=df["kl_fp32_sum"] / df["n"],
+                  kl16=df["kl_fp16_sum"] / df["n"], top1=df["top1_fp32"] / df["n"])
+    ref = d[d["format"] == "fp32"].set_index(["context", "window"])["ppl"]
+    ref16 = d[d["format"] == "fp16"].set_index(["context", "window"])["ppl"]
+    key = list(zip(d["context"], d["window"]))
+    ok = [k in ref.index and k in ref16.index for k in key]
+    d = d[ok].copy()
+    key = list(zip(d["context"], d["window"]))
+    d["dppl"] = d["ppl"].to_numpy() - ref.loc[key].to_numpy()
+    d["dppl16"] = d["ppl"].to_numpy() - ref16.loc[key].to_numpy()
+    return d
+
+
+def format_table(df: pd.DataFrame, min_windows: int = 1) -> pd.DataFrame:
+    """One row per (context, format): ``windows``, ``tokens`` scored, and mean with a 95%
+    Student-t interval over windows of ``ppl``, ``dppl`` (minus the fp32 cache's on the same
+    window), ``dppl16`` (minus the fp16 cache's), ``kl`` (nats,
+    from the fp32 cache) and ``top1`` (agreement with the fp32 cache). Formats with fewer than
+    ``min_windows`` windows are dropped. Sorted by context, then mean KL."""
+    rows = []
+    for (c, fmt), g in _per_window(df).groupby(["context", "format"], sort=False):
+        if len(g) < min_windows:
+            continue
+        row = {"context": int(c), "format": fmt, "windows": len(g), "tokens": int(g["n"].sum())}
+        for col in ("ppl", "dppl", "dppl16", "kl", "top1"):
+            m, lo, hi = _t_interval(g[col].to_numpy())
+            row.update({col: m, f"{col}_lo": lo, f"{col}_hi": hi})
+        rows.append(row)
+    cols = ["context", "format", "windows", "tokens"] + [f"{c}{s}" for c in ("ppl", "dppl", "dppl16", "kl", "top1")
+                                                         for s in ("", "_lo", "_hi")]
+    return pd.DataFrame(rows, columns=cols).sort_values(["context", "kl", "format"], ignore_index=True)
+
+
+def agreement(ours: float, ours_half: float, theirs: float, theirs_half: float, floor: float) -> bool:
+    """True when two Δ-perplexity estimates agree: their difference is within the combined 95%
+    half-widths (added in quadrature) plus ``floor`` — the model difference between the two
+    engines (llama.cpp's Q4_1 weights with q8_1 activations and Q rounded to K's vec-dot type,
+    against transformers' fp32 weights), measured as the fp16-cache gap."""
+    return abs(ours - theirs) <= math.hypot(ours_half, theirs_half) + floor
+
+
+def llamacpp_comparison(ours: pd.DataFrame, theirs: pd.DataFrame) -> pd.DataFrame:
+    """Δ perplexity from each engine's own fp16 cache and KL from its own fp32 cache, on the
+    windows both engines ran. Columns ``context, format, windows, ours_dppl, ours_lo, ours_hi,
+    llamacpp_dppl, llamacpp_lo, llamacpp_hi, ours_kl, llamacpp_kl, floor, agrees``; ``floor``
+    is the two engines' fp16-cache perplexity gap (mean absolute over the windows); ``agrees``
+    is None (not tested) with fewer than two windows, where no interval exists."""
+    a, b = _per_window(ours), _per_window(theirs)
+    common = set(zip(b["context"], b["window"], b["format"])) & set(zip(a["context"], a["window"], a["format"]))
+    rows = []
+    for c in sorted({k[0] for k in common}):
+        wins = sorted({k[1] for k in common if k[0] == c and k[2] == "fp16"})
+        pa = a[(a["context"] == c) & (a["format"] == "fp16") & a["window"].isin(wins)].set_index("window")["ppl"]
+        pb = b[(b["context"] == c) & (b["format"] == "fp16") & b["window"].isin(wins)].set_index("window")["ppl"]
+        floor = float(np.mean(np.abs(pa - pb.loc[pa.index]))) if len(pa) else math.nan
+        for fmt in sorted({k[2] for k in common if k[0] == c} - {"fp32", "fp16"}):
+            w = sorted({k[1] for k in common if k[0] == c and k[2] == fmt} & set(wins))
+            if not w:
+                continue
+            ga = a[(a["context"] == c) & (a["format"] == fmt) & a["window"].isin(w)].sort_values("window")
+            gb = b[(b["context"] == c) & (b["format"] == fmt) & b["window"].isin(w)].sort_values("window")
+            ma, la, ha = _t_interval(ga["dppl16"].to_numpy())
+            mb, lb, hb = _t_interval(gb["dppl16"].to_numpy())
+            half_a = 0.0 if math.isnan(la) else (ha - la) / 2
+            half_b = 0.0 if math.isnan(lb) else (hb - lb) / 2
+            rows.append({"context": c, "format": fmt, "windows": len(w), "ours_dppl": ma, "ours_lo": la,
+                         "ours_hi": ha, "llamacpp_dppl": mb, "llamacpp_lo": lb, "llamacpp_hi": hb,
+                         "ours_kl": float(ga["kl"].mean()), "llamacpp_kl": float(gb["kl"].mean()),
+                         "floor": floor,
+                         "agrees": agreement(ma, half_a, mb, half_b, floor) if len(w) >= 2 else None})
+    return pd.DataFrame(rows)
+
+
+def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Success per (context, variant): ``trials``, ``successes``, ``rate``, Wilson 95% ``lo``/``hi``,
+    ``text`` (stats.rate_text) and the median answer-logit ``margin``."""
+    rows = []
+    for (c, v), g in df.groupby(["context", "variant"], sort=False):
+        k, n = int(g["success"].sum()), len(g)
+        lo, hi = stats.wilson(k, n)
+        rows.append({"context": int(c), "variant": v, "trials": n, "successes": k, "rate": k / n, "lo": lo,
+                     "hi": hi, "text": stats.rate_text(k, n), "margin": float(g["margin"].median())})
+    return pd.DataFrame(rows)
+
+
+def head_summary(heads: pd.DataFrame, queries: pd.DataFrame) -> pd.DataFrame:
+    """The real decoder's structure in one table: how many KV heads have persistent outlier
+    channels in K before / after RoPE, outlier tokens in V, and the medians of ρ, score spread
+    and sink share."""
+    n = len(heads)
+    rows = [
+        ("KV heads with a persistent K outlier channel (ratio >= 4), before RoPE",
+         f"{int((heads['k_pre_persistent_channels'] > 0).sum())} of {n}"),
+        ("... after RoPE", f"{int((heads['k_post_persistent_channels'] > 0).sum())} of {n}"),
+        ("median largest K channel ratio, before / after RoPE",
+         f"{heads['k_pre_max_channel_ratio'].median():.1f} / {heads['k_post_max_channel_ratio'].median():.1f}"),
+        ("KV heads with a V outlier token (norm ratio >= 6)", f"{int((heads['v_outlier_tokens'] > 0).sum())} of {n}"),
+        ("largest V token-norm ratio", f"{heads['v_max_token_ratio'].max():.2f}"),
+        ("median rho (V channel means / spreads)", f"{heads['rho'].median():.2f}"),
+        ("median score spread (std of q.k/sqrt(d) per row)", f"{queries['score_spread'].median():.2f}"),
+        ("query heads whose median sink share (weight on token 0) >= 0.5",
+         f"{int((queries['sink_share'] >= 0.5).sum())} of {len(queries)}"),
+    ]
+    return pd.DataFrame(rows, columns=["measure", "value"])
+
+
+def _roundtrip(k: np.ndarray, v: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    k32, v32 = k.astype(np.float32), v.astype(np.float32)
+    if fmt == "bf16":
+        return (x.astype(ml_dtypes.bfloat16).astype(np.float32) for x in (k32, v32))
+    if fmt == "fp8_e4m3":
+        return quant.fp8_roundtrip(k32, "e4m3", scale=1.0), quant.fp8_roundtrip(v32, "e4m3", scale=1.0)
+    if fmt == "kivi2":
+        return quant.kivi_roundtrip(k32, v32, 2, group_size=32, residual=128)
+    return quant.ggml_roundtrip(k32, fmt), quant.ggml_roundtrip(v32, fmt)
+
+
+def live_slice(path: str | Path | None = None, formats: tuple[str, ...] = STORE_FORMATS_NUMPY,
+               hadamard: bool = True) -> pd.DataFrame:
+    """The storage step on real K/V, recomputed from the committed extract with numpy alone.
+
+    For each format (and its Hadamard-rotated twin): relative L2 error of K and V, and of the
+    attention output of the extract's last 64 real queries (their scores against the stored K,
+    softmax, times the stored V) against the unquantized cache, median over layers and heads.
+    """
+    p = Path(path) if path else DATA / "smollm2_kv.npz"
+    if not p.is_absolute():
+        p = repo_root() / p
+    kv = realkv.load_real_kv(p)
+    with np.load(p, allow_pickle=False) as z:
+        q, q_pos = z["q"].astype(np.float64), z["q_pos"]
+    k, v = kv.k, kv.v
+    n_l, hk, t, d = k.shape
+    group = q.shape[1] // hk
+    mask = np.arange(t)[None, :] > q_pos[:, None]
+
+    def attend(kk: np.ndarray, vv: np.ndarray) -> np.ndarray:
+        out = np.empty(q.shape)
+        for layer in range(n_l):
+            for h in range(q.shape[1]):
+                s = q[layer, h] @ kk[layer, h // group].T / math.sqrt(d)
+                s = np.where(mask, -np.inf, s)
+                e = np.exp(s - s.max(axis=1, keepdims=True))
+                out[layer, h] = (e / e.sum(axis=1, keepdims=True)) @ vv[layer, h // group]
+        return out
+
+    ref = attend(k, v)
+    rows = []
+    for fmt in formats:
+        for rot in ((False, True) if hadamard else (False,)):
+            kk, vv = (quant.hadamard_rotate(x) for x in (k, v)) if rot else (k, v)
+            kh, vh = _roundtrip(kk, vv, fmt)
+            kh, vh = (quant.hadamard_rotate(np.asarray(x, dtype=np.float64)) for x in (kh, vh)) if rot else \
+                (np.asarray(kh, dtype=np.float64), np.asarray(vh, dtype=np.float64))
+            out = attend(kh, vh)
+
+            def rel(a: np.ndarray, b: np.ndarray) -> float:
+                return float(np.median(np.linalg.norm(a - b, axis=(-2, -1)) / np.linalg.norm(b, axis=(-2, -1))))
+            rows.append({"format": fmt + ("+hadamard" if rot else ""), "k_rel_l2": rel(kh, k),
+                         "v_rel_l2": rel(vh, v), "out_rel_l2": rel(out, ref)})
+    return pd.DataFrame(rows)

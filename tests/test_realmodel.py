@@ -1,0 +1,189 @@
+"""The real-decoder code: storage formats, tables, readings, the committed results; a model smoke
+test when the [real-model] extra is installed (skipped otherwise)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvcost import quant, realmodel, stats
+from kvcost.claims import realmodel as claims
+from kvcost.experiments import realmodel as real
+from kvcost.experiments import realmodel_passkey as pk
+from kvcost.output import repo_root
+
+RNG = np.random.default_rng(3)
+
+
+# ------------------------------------------------------------------ formats (numpy)
+
+def test_parse_format():
+    assert realmodel.parse_format("q4_0") == ("q4_0", "q4_0", False)
+    assert realmodel.parse_format("q8_0/q4_0+hadamard") == ("q8_0", "q4_0", True)
+    assert len(realmodel.STORAGE_FORMATS) == len(set(realmodel.STORAGE_FORMATS))
+    for bad in ("q3_0", "fp32+hadamard", 4, "q4_0+had"):
+        with pytest.raises(ValueError, match="'fmt'"):
+            realmodel.parse_format(bad)
+
+
+def test_store_kv_matches_the_quantizers():
+    k = RNG.standard_normal((3, 64, 64)).astype(np.float32) * 3
+    v = RNG.standard_normal((3, 64, 64)).astype(np.float32)
+    kh, vh = realmodel.store_kv(k, v, "fp32")
+    assert np.array_equal(kh, k) and np.array_equal(vh, v)
+    kh, vh = realmodel.store_kv(k, v, "q8_0/q4_0")
+    assert np.array_equal(kh, quant.ggml_roundtrip(k, "q8_0"))
+    assert np.array_equal(vh, quant.ggml_roundtrip(v, "q4_0"))
+    kh, _ = realmodel.store_kv(k, v, "q5_1+hadamard")
+    ref = quant.hadamard_rotate(quant.ggml_roundtrip(quant.hadamard_rotate(k).astype(np.float32), "q5_1"))
+    np.testing.assert_allclose(kh, ref, rtol=0, atol=1e-5)
+    kh, vh = realmodel.store_kv(k, v, "kivi2")
+    rk, rv = quant.kivi_roundtrip(k, v, 2, group_size=32, residual=128)
+    np.testing.assert_array_equal(kh, rk.astype(np.float32))
+    np.testing.assert_array_equal(vh, rv.astype(np.float32))
+    kh, _ = realmodel.store_kv(k, v, "fp8_e4m3")
+    assert np.array_equal(kh, quant.fp8_roundtrip(k, "e4m3", scale=1.0))
+    kh, _ = realmodel.store_kv(k, v, "bf16")
+    assert np.max(np.abs(kh - k) / np.abs(k)) <= 2.0 ** -8
+    # the rotation spreads K's outlier channel, so rotated q4_0 loses less on it
+    k_out = k.copy()
+    k_out[..., 5] *= 20
+    plain = np.linalg.norm(realmodel.store_kv(k_out, v, "q4_0")[0] - k_out)
+    rot = np.linalg.norm(realmodel.store_kv(k_out, v, "q4_0+hadamard")[0] - k_out)
+    assert rot < plain
+
+
+def test_find_gguf_errors():
+    with pytest.raises(ValueError, match="'dist'"):
+        realmodel.find_gguf("no-such-distribution-kvcost")
+    with pytest.raises(ValueError, match="'threads'"):
+        realmodel.load(0)
+
+
+# ------------------------------------------------------------------ tables (synthetic rows)
+
+def _rows(fmt: str, nll: list[float], kl: list[float], n: int = 100) -> list[dict]:
+    return [{"context": 256, "window": w, "format": fmt, "n": n, "nll_sum": a * n, "kl_fp32_sum": b * n,
+             "kl_fp16_sum": b * n, "top1_fp32": n - 10 * w, "top1_fp16": n, "correct": 50, "seconds": 1.0}
+            for w, (a, b) in enumerate(zip(nll, kl))]
+
+
+def test_format_table_intervals():
+    df = pd.DataFrame(_rows("fp32", [2.0, 3.0, 2.5], [0, 0, 0]) + _rows("fp16", [2.0, 3.0, 2.5], [0, 0, 0])
+                      + _rows("q4_0", [2.1, 3.05, 2.6], [0.1, 0.2, 0.3]))
+    t = real.format_table(df).set_index("format")
+    q = t.loc["q4_0"]
+    d = np.exp([2.1, 3.05, 2.6]) - np.exp([2.0, 3.0, 2.5])
+    assert q["windows"] == 3 and q["tokens"] == 300
+    assert q["dppl"] == pytest.approx(d.mean())
+    half = 4.302652730 * d.std(ddof=1) / math.sqrt(3)
+    assert q["dppl_hi"] - q["dppl"] == pytest.approx(half)
+    assert q["kl"] == pytest.approx(0.2) and q["kl_lo"] < 0.2 < q["kl_hi"]
+    assert q["top1"] == pytest.approx(0.9)
+    assert list(t.index)[-1] == "q4_0"             # sorted by KL
+    assert real.format_table(df, min_windows=4).empty
+
+
+def test_llamacpp_comparison_and_agreement():
+    ours = pd.DataFrame(_rows("fp32", [2.0, 3.0], [0, 0]) + _rows("fp16", [2.0, 3.0], [0, 0])
+                        + _rows("q8_0", [2.01, 3.01], [0.01, 0.01]))
+    theirs = pd.DataFrame(_rows("fp32", [2.0, 3.0], [0, 0]) + _rows("fp16", [2.0, 3.0], [0, 0])
+                          + _rows("q8_0", [2.011, 3.012], [0.02, 0.02]))
+    c = real.llamacpp_comparison(ours, theirs)
+    assert list(c["format"]) == ["q8_0"] and c["windows"].iloc[0] == 2
+    assert c["floor"].iloc[0] == 0.0 and bool(c["agrees"].iloc[0])
+    assert real.agreement(0.0, 0.1, 0.3, 0.1, 0.05) is False
+    assert real.agreement(0.0, 0.1, 0.15, 0.1, 0.05) is True
+    one = real.llamacpp_comparison(ours[ours["window"] == 0], theirs[theirs["window"] == 0])
+    assert one["agrees"].iloc[0] is None and not claims.llamacpp_checks(one)
+
+
+def test_passkey_table_wilson():
+    df = pd.DataFrame({"context": 1024, "trial": range(20), "variant": "exact", "success": [1] * 13 + [0] * 7,
+                       "margin": 1.0})
+    t = real.passkey_table(df).iloc[0]
+    assert (t["successes"], t["trials"]) == (13, 20)
+    assert (t["lo"], t["hi"]) == stats.wilson(13, 20)
+    assert t["text"] == stats.rate_text(13, 20)
+
+
+def test_passkey_prompt_and_variants():
+    class Tok:                                     # one id per character: lengths are exact
+        def __call__(self, s, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in s]}
+    p = pk.build_prompt(Tok(), 2000, 0.5, seed=4)
+    text = "".join(map(chr, p.prefix + p.tail))
+    assert f"special magic numbers for {p.key} is: {p.value}." in text
+    assert text.endswith(" " + p.value) and p.n_answer == len(p.value) + 1
+    start = text.index(pk.HAYSTACK)                # depth is measured within the haystack (RULER)
+    assert abs((text.index(p.value) - start) / (len(p.prefix) - start) - 0.5) < 0.05
+    assert 1800 < len(text) <= 2000
+    assert pk.parse_variant("fa3:frac_bits=7,flush_every=1") == ("fa3", {"frac_bits": 7, "flush_every": 1})
+    assert pk.parse_variant("store:q4_0+hadamard") == ("store", {"fmt": "q4_0+hadamard"})
+    for bad in ("fa2", "fa3:bits=7", "store:q3"):
+        with pytest.raises(ValueError):
+            pk.parse_variant(bad)
+    with pytest.raises(ValueError, match="'depth'"):
+        pk.build_prompt(Tok(), 100, 1.5, seed=0)
+
+
+# ------------------------------------------------------------------ the committed results
+
+def test_committed_extract_and_live_slice():
+    prov = real.load_provenance("smollm2_kv.json")
+    path = repo_root() / real.DATA / "smollm2_kv.npz"
+    assert realmodel.sha256(path) == prov["sha256"]["smollm2_kv.npz"]
+    assert path.stat().st_size <= 4 * 1024 * 1024
+    live = real.live_slice(formats=("q8_0", "q4_0"), hadamard=True).set_index("format")["out_rel_l2"]
+    assert live["q8_0"] < live["q4_0"] / 5
+    assert live["q4_0+hadamard"] < live["q4_0"]         # real K has outlier channels; the rotation helps
+
+
+def test_committed_storage_results_are_ordered():
+    full = real.format_table(real.load_windows())
+    ctx = int(full["context"].min())
+    t = full[full["context"] == ctx].set_index("format")
+    assert t.loc["fp16", "kl"] < 1e-4 < t.loc["q8_0", "kl"] < t.loc["q4_0", "kl"] < t.loc["kivi2", "kl"]
+    assert t.loc["q5_1+hadamard", "kl"] < t.loc["q5_1", "kl"]
+    checks = claims.readings(full, claims.load_claims(), ctx)
+    assert {c.claim.split(":")[0] for c in checks} == {"llama.cpp", "KVQuant", "The post"}
+
+
+def test_our_formats_agree_with_llamacpp():
+    """Our simulated Δ perplexity against llama.cpp's on the committed windows (tolerance in
+    kvcost.experiments.realmodel.agreement); and the two engines order the formats alike."""
+    ours, theirs = real.load_windows(), real.load_windows("llamacpp_windows.csv")
+    comp = real.llamacpp_comparison(ours, theirs)
+    assert len(comp) >= 2
+    tested = comp[comp["agrees"].notna()]
+    for r in tested.itertuples():
+        assert r.agrees, f"{r.format}: ours {r.ours_dppl:+.4f} vs llama.cpp {r.llamacpp_dppl:+.4f}"
+    kl = comp.set_index("format")[["ours_kl", "llamacpp_kl"]]
+    if {"q8_0", "q4_0"} <= set(kl.index):
+        assert kl.loc["q8_0", "ours_kl"] < kl.loc["q4_0", "ours_kl"]
+        assert kl.loc["q8_0", "llamacpp_kl"] < kl.loc["q4_0", "llamacpp_kl"]
+
+
+# ------------------------------------------------------------------ the model itself (optional extra)
+
+@pytest.mark.skipif(not realmodel.available(), reason="the [real-model] extra is not installed (make real-model)")
+def test_model_smoke():
+    import torch
+
+    model, tok = realmodel.load(2)
+    ids = tok("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+              "must be in want of a wife.", add_special_tokens=False)["input_ids"]
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        plain = model(x, use_cache=False).logits
+        fp32 = model(x, past_key_values=realmodel.StoredCache("fp32"), use_cache=True).logits
+        seen = []
+        q4 = model(x, past_key_values=realmodel.StoredCache("q4_0", record=lambda i, k, v: seen.append(k.shape)),
+                   use_cache=True).logits
+    assert torch.equal(plain, fp32)
+    assert not torch.equal(plain, q4)
+    assert len(seen) == model.config.num_hidden_layers and seen[0] == (1, 3, len(ids), 64)
+    m = realmodel.token_metrics(q4[0, :-1], x[0, 1:], [torch.log_softmax(plain[0, :-1].double(), -1)])
+    assert np.all(m["kl0"] >= 0) and m["kl0"].mean() > 0
