@@ -4,7 +4,7 @@
     apt-get download r-cran-janeaustenr && dpkg-deb -x r-cran-janeaustenr_1.0.0-1_all.deb deb
     python scripts/real_model_text.py deb/usr/lib/R/site-library/janeaustenr/data/Rdata
 
-Jane Austen, *Pride and Prejudice* (1813, public domain), chapters 1-20: the first
+Jane Austen, *Pride and Prejudice* (1813, public domain), title to mid chapter 11: the first
 ``LINES`` lines of the ``prideprejudice`` character vector in the Debian package
 ``r-cran-janeaustenr`` 1.0.0-1 (the CRAN package janeaustenr, MIT; texts from Project
 Gutenberg), joined with newlines. R's lazy-load data base is read without R, by the reader in
