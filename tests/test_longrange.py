@@ -25,6 +25,16 @@ def test_profiles_carry_the_real_channel_mean_ratio(profiles):
     assert picked[-1].rho == t["rho"].max()
 
 
+def test_decoder_profiles_carry_real_sinks():
+    ps = lr.load_profiles("smollm2")
+    t = lr.profile_table(ps)
+    assert len(t) == 15                                  # 5 layers x 3 KV heads in the extract
+    assert t["sink_share"].between(0, 1).all() and (t["sink_share"] > 0.1).sum() >= 3
+    assert 0.2 < t["rho"].median() < 0.6
+    with pytest.raises(ValueError, match="'source'"):
+        lr.load_profiles("bert")
+
+
 def test_haystack_is_deterministic_and_its_metrics_are_exact_on_the_reference(profiles):
     p = lr.pick_profiles(profiles, 1)[0]
     h = lr.make_haystack(p, 4096, 64, 0.05, seed=3)
@@ -59,7 +69,8 @@ def test_the_loss_is_in_acc_o(profiles):
 
 def test_scaling_fit_collapse_and_level():
     x = np.geomspace(0.1, 100, 12)
-    rows = [{"frac_bits": b, "x": xi, "acc_error": 0.05 * xi ** 0.8, "n_tokens": xi * 2 ** b}
+    rows = [{"head": "h", "sink_share": 0.0, "frac_bits": b, "x": xi, "acc_error": 0.05 * xi ** 0.8,
+             "n_tokens": xi * 2 ** b}
             for b in (9, 11, 13) for xi in x]
     fit = claims.scaling_fit(pd.DataFrame(rows))
     assert fit["spread_dex"] < 1e-9 and fit["range_dex"] > 2

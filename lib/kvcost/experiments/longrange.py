@@ -25,14 +25,18 @@ import numpy as np
 import pandas as pd
 
 from .. import fa3, realkv
+from ..output import repo_root
 
 __all__ = [
+    "SOURCES",
     "FIXES",
     "WHERE",
     "Haystack",
     "HeadProfile",
     "context_grid",
+    "decoder_profiles",
     "head_profiles",
+    "load_profiles",
     "knob_grid",
     "make_haystack",
     "metrics",
@@ -112,10 +116,48 @@ def head_profiles(kv: realkv.RealKV) -> list[HeadProfile]:
     return out
 
 
+def decoder_profiles(kv: realkv.RealKV, query_stats: pd.DataFrame) -> list[HeadProfile]:
+    """A real decoder's KV heads (SmolLM2-135M's extract in ``data/real_model``): V's channel
+    statistics from the extract, score spread and sink share from its real queries
+    (``query_stats``: one row per layer and query head, medians over query rows), each the
+    median over the query heads that share the KV head (grouped-query attention)."""
+    layers = list(kv.meta.get("layers", range(kv.v.shape[0])))
+    n_kv = kv.v.shape[1]
+    out = []
+    for li, layer in enumerate(layers):
+        qs = query_stats[query_stats["layer"] == layer]
+        group = max(1, int(qs["head"].max()) + 1) // n_kv if len(qs) else 1
+        for h in range(n_kv):
+            v = kv.v[li, h]
+            mu, sd = v.mean(axis=0), v.std(axis=0)
+            rho = float(np.sqrt(np.mean(mu ** 2)) / np.sqrt(np.mean(sd ** 2)))
+            mine = qs[(qs["head"] // group) == h]
+            out.append(HeadProfile(int(layer), h, rho, float(mine["score_spread"].median()),
+                                   float(mine["sink_share"].median()), mu, sd))
+    return out
+
+
 def profile_table(profiles: Sequence[HeadProfile]) -> pd.DataFrame:
     """layer, head, rho, score_spread, sink_share per profile."""
     return pd.DataFrame([{"layer": p.layer, "head": p.head, "rho": p.rho, "score_spread": p.spread,
                           "sink_share": p.sink} for p in profiles])
+
+
+#: Where the head statistics come from: a real decoder (SmolLM2-135M, ``data/real_model``) or
+#: the MiniLM encoder (``data/real_kv``, K·K scores standing in for queries).
+SOURCES = {"smollm2": ("data/real_model/smollm2_kv.npz", "data/real_model/query_stats.csv"),
+           "minilm": ("data/real_kv/minilm_l6_kv.npz", None)}
+
+
+def load_profiles(source: str) -> list[HeadProfile]:
+    """The head profiles of ``source`` (:data:`SOURCES`)."""
+    if source not in SOURCES:
+        raise ValueError(f"parameter 'source' must be one of {list(SOURCES)}, got {source!r}")
+    kv_path, q_path = SOURCES[source]
+    kv = realkv.load_real_kv(kv_path)
+    if q_path is None:
+        return head_profiles(kv)
+    return decoder_profiles(kv, pd.read_csv(repo_root() / q_path))
 
 
 def pick_profiles(profiles: Sequence[HeadProfile], count: int) -> list[HeadProfile]:
@@ -239,7 +281,8 @@ def knob_grid(profiles: Sequence[HeadProfile], n: int, d: int, trials: int, need
 def scaling_grid(p: HeadProfile, ns: Sequence[int], frac_bits: Sequence[int], d: int, trials: int,
                  needle_weight: float, seed: int, block_n: int = 96) -> pd.DataFrame:
     """acc_o's own error (the kernel against the same kernel with an exact acc_o) for a narrower
-    or wider tensor core: rows n_tokens, frac_bits, x = n·2^-frac_bits, acc_error, rel_l2."""
+    or wider tensor core: rows head, sink_share, n_tokens, trial, frac_bits, x = n·2^-frac_bits,
+    acc_error, rel_l2."""
     rows = []
     for n in ns:
         hs = [make_haystack(p, n, d, needle_weight, seed + t) for t in range(trials)]
@@ -247,7 +290,8 @@ def scaling_grid(p: HeadProfile, ns: Sequence[int], frac_bits: Sequence[int], d:
         for fb in frac_bits:
             outs = _attend(hs, block_n, frac_bits=fb)
             for t, (h, out, ex) in enumerate(zip(hs, outs, exact_acc)):
-                rows.append({"n_tokens": n, "trial": t, "frac_bits": fb, "x": n * 2.0 ** -fb,
+                rows.append({"head": p.label, "sink_share": p.sink, "n_tokens": n, "trial": t, "frac_bits": fb,
+                             "x": n * 2.0 ** -fb,
                              "acc_error": float(np.linalg.norm(out - ex) / np.linalg.norm(ex)),
                              "rel_l2": metrics(h, out)["rel_l2"]})
     return pd.DataFrame(rows)
