@@ -30,8 +30,10 @@ def needle_reading(needle: pd.DataFrame) -> Check:
     quant = summ[summ.storage != "none/none"]
     worst = quant.sort_values(["lo", "n_tokens"]).iloc[0] if len(quant) else summ.iloc[0]
     lost = quant[quant.retrieved < quant.trials]
-    retrieval = (f"retrieved within 2x of its weight in every format and context, lowest {worst.rate} "
-                 f"({worst.storage} at {worst.n_tokens:,} tokens)" if lost.empty else
+    same = quant.rate.nunique() == 1
+    retrieval = ("retrieved within 2x of its weight in every format and context, " +
+                 (f"{worst.rate} in each" if same else f"lowest {worst.rate} ({worst.storage} at {worst.n_tokens:,} "
+                                                      f"tokens)") if lost.empty else
                  "lost in " + ", ".join(f"{r.storage} at {r.n_tokens:,} tokens ({r.rate})" for r in lost.itertuples()))
     claim = "whether the half you keep still answers the question is not arithmetic"
     formats_there = set(exact.storage)
