@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, nargs="+", required=True)
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--first-trial", type=int, default=0)
+    ap.add_argument("--only", type=int, default=None, help="run only this many trials from --first-trial "
+                    "(depths and seeds still those of --trials)")
     ap.add_argument("--variants", nargs="+", default=["exact", "fa3"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         if new_file:
             writer.writeheader()
         for c in args.context:
-            for i in range(args.first_trial, args.trials):
+            last = args.trials if args.only is None else min(args.trials, args.first_trial + args.only)
+            for i in range(args.first_trial, last):
                 todo = [v for v in args.variants if (c, i, v) not in done]
                 if not todo:
                     continue

@@ -15,7 +15,7 @@ from ..experiments import realmodel as tables
 from ..output import repo_root
 from .report import Check
 
-__all__ = ["MATCH_REL", "load_claims", "readings", "llamacpp_checks"]
+__all__ = ["MATCH_REL", "llamacpp_checks", "load_claims", "readings", "register_failure"]
 
 #: "matches f16 perplexity" is read as: the mean Δ perplexity from the fp16 cache is within
 #: 0.5% of the fp16 perplexity (the published example, llama.cpp issue #20977, is 0.006%).
@@ -87,3 +87,48 @@ def llamacpp_checks(comparison: pd.DataFrame) -> list[Check]:
                          f"llama.cpp Δ {r.llamacpp_dppl:+.4f}", f"ours Δ {r.ours_dppl:+.4f} over {r.windows} "
                          f"window(s); tolerance: intervals + engine gap {r.floor:.4f}", bool(r.agrees)))
     return out
+
+
+def register_failure(passkey: pd.DataFrame, context: int, full_bits: int = 13,
+                     root: Path | None = None) -> Check | None:
+    """Where a ``full_bits`` tensor-core register would lose SmolLM2's passkey, by the scaling law.
+
+    The FA3 emulation's accumulation error is a function of x = n·2^-b (notebook 06). The
+    ``frac_bits`` sweep at ``context`` finds the largest b whose success rate is at most half the
+    exact rate (the collapse, x_c = context·2^-b); the same x at ``full_bits`` is the context
+    n = x_c·2^full_bits. Set beside vLLM's published 91% → 13% at 128k (FA3 FP8 on Hopper; Llama-
+    3.1-8B per the post). Fast mode only: the prefix rows are exact, so this is a lower bound on
+    the damage and an upper bound on the failing context. None when the sweep is absent.
+    """
+    sel = passkey[passkey["context"] == context].set_index("variant")
+    if "exact" not in sel.index:
+        return None
+    bits = {}
+    for v in sel.index:
+        if v == "fa3":
+            bits[full_bits] = float(sel.loc[v, "rate"])
+        elif v.startswith("fa3:frac_bits=") and "," not in v:
+            bits[int(v.split("=")[1])] = float(sel.loc[v, "rate"])
+    if len(bits) < 2:
+        return None
+    exact = float(sel.loc["exact", "rate"])
+    collapsed = [b for b, r in bits.items() if r <= exact / 2]
+    pub = pd.read_csv((root or repo_root()) / "data" / "accumulation_published.csv").set_index("quantity")["value"]
+    published = (f"{pub['niah_bf16']:.0%} → {pub['niah_fp8_tensor_core_accumulation']:.0%} at 128k "
+                 f"(x = 131072·2^-13 = {131072 / 2 ** 13:g})")
+    if not collapsed:
+        b_min = min(bits)
+        return Check("vLLM: FP8 attention's 13-bit register loses the needle at 128k", published,
+                     f"no collapse down to frac_bits {b_min} at {context} tokens (exact {exact:.0%}): "
+                     f"a {full_bits}-bit register would hold past {context * 2 ** (full_bits - b_min):,} "
+                     "tokens on SmolLM2 in fast mode",
+                     False, "SmolLM2-135M, fast mode, short context: not the published setting")
+    b_c = max(collapsed)
+    n_fail = context * 2 ** (full_bits - b_c)
+    return Check("vLLM: FP8 attention's 13-bit register loses the needle at 128k", published,
+                 f"retrieval collapses at frac_bits {b_c} at {context} tokens (x_c = {context / 2 ** b_c:g}); "
+                 f"by the scaling law a {full_bits}-bit register fails near {n_fail:,} tokens",
+                 n_fail <= 131072,
+                 "holds when the predicted failing context is at or below 128k; SmolLM2-135M (30 layers, "
+                 "3 KV heads), fast mode (prefix rows exact), RULER passkey, against an 8B model at 128k with "
+                 "every row in FP8")
