@@ -187,3 +187,15 @@ def test_model_smoke():
     assert len(seen) == model.config.num_hidden_layers and seen[0] == (1, 3, len(ids), 64)
     m = realmodel.token_metrics(q4[0, :-1], x[0, 1:], [torch.log_softmax(plain[0, :-1].double(), -1)])
     assert np.all(m["kl0"] >= 0) and m["kl0"].mean() > 0
+
+
+def test_register_failure_scaling_law():
+    rows = [("exact", 20), ("fa3", 20), ("fa3:frac_bits=8", 19), ("fa3:frac_bits=4", 12), ("fa3:frac_bits=2", 3)]
+    df = pd.DataFrame([{"context": 1024, "trial": i, "variant": v, "success": int(i < k), "margin": 0.0}
+                       for v, k in rows for i in range(20)])
+    c = claims.register_failure(real.passkey_table(df), 1024)
+    assert "collapses at frac_bits 2" in c.computed and f"{1024 * 2 ** 11:,}" in c.computed
+    assert c.agrees is False                            # 2,097,152 tokens > 128k
+    none = claims.register_failure(real.passkey_table(df[df["variant"] != "fa3:frac_bits=2"]), 1024)
+    assert "no collapse down to frac_bits 4" in none.computed
+    assert claims.register_failure(real.passkey_table(df[df["variant"] == "exact"]), 1024) is None
