@@ -24,8 +24,8 @@ import pandas as pd
 from .. import quant, realkv, stats
 from ..output import repo_root
 
-__all__ = ["DATA", "T95", "load_windows", "format_table", "llamacpp_comparison", "agreement", "passkey_table",
-           "load_provenance", "live_slice", "head_summary", "STORE_FORMATS_NUMPY"]
+__all__ = ["DATA", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful", "format_table", "head_summary",
+           "live_slice", "llamacpp_comparison", "load_provenance", "load_windows", "passkey_table"]
 
 DATA = Path("data") / "real_model"
 # Student t 0.975 quantiles for 1..30 degrees of freedom (scipy.stats.t.ppf(0.975, df)).
@@ -152,6 +152,29 @@ def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
         lo, hi = stats.wilson(k, n)
         rows.append({"context": int(c), "variant": v, "trials": n, "successes": k, "rate": k / n, "lo": lo,
                      "hi": hi, "text": stats.rate_text(k, n), "margin": float(g["margin"].median())})
+    return pd.DataFrame(rows)
+
+
+def fast_vs_faithful(df: pd.DataFrame) -> pd.DataFrame:
+    """Trials run in both modes: per (context, trial) and kernel setting, the answer-logit margin
+    and success of the fast mode (``fa3[...]``: question and answer rows emulated) beside the
+    faithful mode (``fa3full[...]``: every row of every layer) and exact attention."""
+    rows = []
+    for (c, t), g in df.groupby(["context", "trial"]):
+        by = g.set_index("variant")
+        for v in by.index:
+            if not v.startswith("fa3full"):
+                continue
+            fast = "fa3" + v[len("fa3full"):]
+            if fast not in by.index:
+                continue
+            rows.append({"context": int(c), "trial": int(t), "kernel": fast,
+                         "exact_margin": float(by.loc["exact", "margin"]) if "exact" in by.index else math.nan,
+                         "fast_margin": float(by.loc[fast, "margin"]), "faithful_margin": float(by.loc[v, "margin"]),
+                         "fast_success": bool(by.loc[fast, "success"]),
+                         "faithful_success": bool(by.loc[v, "success"]),
+                         "fast_seconds": float(by.loc[fast, "seconds"]),
+                         "faithful_seconds": float(by.loc[v, "seconds"])})
     return pd.DataFrame(rows)
 
 
