@@ -11,7 +11,9 @@ scripts/real_model_ppl.py's: the first ``--tokens`` tokens of data/text/pride_an
 tokenized by transformers' GGUF tokenizer, cut into windows of ``--context`` tokens, each
 evaluated from an empty cache; logits at positions C/2 .. C-2 are scored (llama.cpp's perplexity
 convention). KL divergence is taken from this engine's own f32-cache and f16-cache runs of the
-same window. Rows are appended to data/real_model/llamacpp_windows.csv (same columns as
+same window. This build rotates quantized K and V by a Hadamard matrix by default (llama.cpp PR #21038):
+such rows are named ``<type>+hadamard``; plain quantized rows are run with ``LLAMA_ATTN_ROT_DISABLE=1``.
+Rows are appended to data/real_model/llamacpp_windows.csv (same columns as
 ppl_windows.csv) and the provenance to llamacpp_windows.json.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import csv
 import datetime
 import importlib.metadata
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,6 +44,8 @@ CACHE_TYPES = {
     "iq4_nl": ("IQ4_NL", "IQ4_NL"), "q8_0/q4_0": ("Q8_0", "Q4_0"),
 }
 
+HAD = "+hadamard"
+DEFAULT_FORMATS = [f for f in CACHE_TYPES] + [f + HAD for f in CACHE_TYPES if f not in ("fp32", "fp16", "bf16")]
 # ggml.h's enum value for BF16, which llama_cpp's Python constants lack (GGML_TYPE_BF16 = 30).
 _MISSING_TYPES = {"BF16": 30}
 
@@ -49,16 +54,27 @@ def _ggml_type(llama_cpp, name: str) -> int:
     return int(getattr(llama_cpp, f"GGML_TYPE_{name}", _MISSING_TYPES.get(name, -1)))
 
 
+def _rotation(fmt: str) -> None:
+    """This build rotates quantized K and V by a Hadamard matrix unless LLAMA_ATTN_ROT_DISABLE is set
+    (llama.cpp PR #21038; src/llama-kv-cache.cpp, read when a context is created): a quantized
+    ``fmt`` without ``+hadamard`` sets it, ``+hadamard`` (the build's default) clears it."""
+    if fmt.endswith(HAD):
+        os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+    else:
+        os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, nargs="+", default=[2048])
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--windows", type=int, default=None)
-    ap.add_argument("--formats", nargs="+", default=list(CACHE_TYPES))
+    ap.add_argument("--formats", nargs="+", default=DEFAULT_FORMATS)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
-    bad = [f for f in args.formats if f not in CACHE_TYPES]
+    bad = [f for f in args.formats if f.removesuffix(HAD) not in CACHE_TYPES
+           or (f.endswith(HAD) and CACHE_TYPES[f.removesuffix(HAD)][0] in ("F32", "F16", "BF16"))]
     if bad:
         ap.error(f"--formats: unknown {bad}; known {list(CACHE_TYPES)}")
     formats = ["fp32", "fp16"] + [f for f in args.formats if f not in ("fp32", "fp16")]
@@ -83,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             "versions": vers, "gguf_sha256": realmodel.sha256(gguf),
             "system_info": llama_cpp.llama_print_system_info().decode(),
             "settings": {"flash_attn": True, "logits_all": True, "n_ubatch": 512, "n_threads": args.threads,
-                         "n_batch": "context", "cache_types": {f: CACHE_TYPES[f] for f in formats}},
+                         "n_batch": "context", "cache_types": {f: CACHE_TYPES[f.removesuffix(HAD)] for f in formats},
+                         "rotation": "quantized K/V rotated by the build's Hadamard (PR #21038) for '+hadamard' rows; "
+                                     "LLAMA_ATTN_ROT_DISABLE=1 for plain quantized rows"},
             "text": str(TEXT.relative_to(ROOT)), "text_sha256": realmodel.sha256(TEXT),
         }, indent=1, sort_keys=True) + "\n")
     done = set()
@@ -104,9 +122,11 @@ def main(argv: list[str] | None = None) -> int:
                 targets = torch.tensor(toks[c // 2 + 1:])
                 refs, pending = [], None
                 for fmt in formats:
-                    if (c, w, fmt) in done and fmt not in ("fp32", "fp16"):
+                    name = fmt
+                    if (c, w, name) in done and fmt not in ("fp32", "fp16"):
                         continue
-                    tk, tv = CACHE_TYPES[fmt]
+                    tk, tv = CACHE_TYPES[fmt.removesuffix(HAD)]
+                    _rotation(fmt)
                     t0 = time.perf_counter()
                     llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=c, n_batch=c, n_ubatch=512,
                                           n_threads=args.threads, n_threads_batch=args.threads,
@@ -119,17 +139,17 @@ def main(argv: list[str] | None = None) -> int:
                     seconds = time.perf_counter() - t0
                     if fmt in ("fp32", "fp16"):
                         refs.append(torch.log_softmax(logits.to(torch.float64), dim=-1))
-                    if (c, w, fmt) in done:
+                    if (c, w, name) in done:
                         continue
                     if fmt == "fp32":      # KL from fp16 needs the fp16 run: keep fp32's logits until then
                         pending = (logits, seconds)
                         continue
-                    rows = ([("fp32", *pending)] if fmt == "fp16" and pending else []) + [(fmt, logits, seconds)]
-                    for name, lg, secs in rows:
-                        if (c, w, name) in done:
+                    rows = ([("fp32", *pending)] if fmt == "fp16" and pending else []) + [(name, logits, seconds)]
+                    for row_name, lg, secs in rows:
+                        if (c, w, row_name) in done:
                             continue
                         m = realmodel.token_metrics(lg, targets, refs)
-                        writer.writerow({"context": c, "window": w, "format": name, "n": int(m["nll"].size),
+                        writer.writerow({"context": c, "window": w, "format": row_name, "n": int(m["nll"].size),
                                          "nll_sum": repr(float(m["nll"].sum())),
                                          "kl_fp32_sum": repr(float(m["kl0"].sum())),
                                          "kl_fp16_sum": repr(float(m["kl1"].sum())),
@@ -137,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "correct": int((m["argmax"] == targets.numpy()).sum()),
                                          "seconds": round(secs, 1)})
                         fh.flush()
-                        print(f"llama.cpp context {c} window {w} {name}: ppl {float(np.exp(m['nll'].mean())):.4f} "
+                        print(f"llama.cpp context {c} window {w} {row_name}: ppl {float(np.exp(m['nll'].mean())):.4f} "
                               f"KL {m['kl0'].mean():.5f} ({secs:.1f} s)", flush=True)
     return 0
 
