@@ -86,6 +86,11 @@ def test_bad_parameter_is_refused_by_the_schema(stem, params, name):
 
 # One run per notebook with parameters the post did not use (small, to keep the suite fast).
 OTHER_PARAMETERS = {
+    "01_sizing": {"context": 32768, "budget_gib": 10.0, "request_tokens": 4096, "models": ["Llama-3.1-8B", "Qwen3-8B"],
+                  "compare_models": ["Gemma-3-27B"], "plot_models": ["Llama-3.1-8B"]},
+    "04b_accumulation_beyond_flat": {"n_min_log2": 8, "n_max_log2": 12, "formats": ["bf16"],
+                                     "strategies": ["flat", "two_level"], "flush_intervals": [1, 64],
+                                     "flush_n": 8192, "deepseek_K": 256, "deepseek_trials": 5},
     "02_axis_choice": {"bits": [8, 3], "group_sizes": [32], "outlier_strengths": [1.0, 4.0], "attn_trials": 2},
     "03_needle_cliff": {"n_tokens": 1024, "head_dim": 64, "trials": 10, "margin": 1.0, "bit_pairs": [[8, 8], [4, 4]],
                         "sweep_margins": [0.5, 4.0], "sweep_bits": [8, 4], "sweep_trials": 5},
