@@ -123,7 +123,7 @@ def test_fleet_plan(capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     rows = {r["dtype"]: r for r in out["rows"]}
     assert rows["bf16"]["requests"] == 3 and rows["q4_0"]["requests"] == 12
-    assert all(r["accuracy"] == "not measured" for r in out["rows"])
+    assert all(r["accuracy"].startswith("needle ") for r in out["rows"])
     assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H999"]) == 2
     assert "--gpu" in capsys.readouterr().err
 
@@ -148,3 +148,15 @@ def test_module_entry_point_is_fast_and_light() -> None:
     full = subprocess.run([sys.executable, "-m", "kvcost", "size", "gpt-oss-20b", "--json"],
                           capture_output=True, text=True, check=True)
     assert json.loads(full.stdout)["cache_bytes"] == 3224371200
+
+
+def test_fleet_plan_reads_the_committed_needle_measurement(capsys) -> None:
+    assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H100-80GB", "--context", "128k", "--json"]) == 0
+    rows = {r["dtype"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["q8_0"]["accuracy"].startswith("needle 200/200 = 100% [98%, 100%] at 131,072 tokens")
+    assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H100-80GB", "--context", "128k", "--accuracy-csv", "none",
+                     "--json"]) == 0
+    assert {r["accuracy"] for r in json.loads(capsys.readouterr().out)["rows"]} == {"not measured"}
+    assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H100-80GB", "--context", "8k",
+                     "--accuracy-csv", "missing.csv"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --accuracy-csv: file not found: missing.csv"

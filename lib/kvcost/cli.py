@@ -17,6 +17,7 @@ import json
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from . import fleet, formats, llamacpp, models, sizing, vllm
@@ -145,6 +146,17 @@ def _format_fleet(f: fleet.Fleet) -> str:
     return "\n".join(lines)
 
 
+def _accuracy_csv(flag: str | None) -> str | None:
+    """--accuracy-csv: the committed needle measurement by default, 'none' for none, else a file that exists."""
+    if flag is None:
+        return str(fleet.default_accuracy_csv())
+    if flag.lower() == "none":
+        return None
+    if not Path(flag).is_file():
+        raise ValueError(f"--accuracy-csv: file not found: {flag}")
+    return flag
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     ap = _Parser(prog="python -m kvcost", description="KV-cache sizing and capacity planning from model configs.")
@@ -187,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtypes", default=None, help="comma-separated K or K/V formats (default bf16,fp8_e4m3,q8_0,q4_0)")
     p.add_argument("--reserve-gib", type=float, default=fleet.RESERVE_GIB,
                    help=f"activation/workspace reserve per GPU (default {fleet.RESERVE_GIB:g})")
-    p.add_argument("--accuracy-csv", default=None, help="needle table to read accuracy from (notebook 06)")
+    p.add_argument("--accuracy-csv", default=None,
+                   help="needle table to read accuracy from (default: the committed data/plan_needle/needle.csv, "
+                        "200 haystacks per context and format; 'none' for no accuracy column)")
     p.add_argument("--json", action="store_true")
     m = sub.add_parser("models", help="list the models in data/models")
     m.add_argument("--json", action="store_true")
@@ -259,7 +273,7 @@ def _run(args: argparse.Namespace) -> int:
                          f"config.json") from None
     dts = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else None
     fl = fleet.plan(g, name, args.gpu, args.context, args.gpus, args.tp, args.gpu_memory_utilization,
-                    args.concurrency, dts, args.reserve_gib, args.accuracy_csv)
+                    args.concurrency, dts, args.reserve_gib, _accuracy_csv(args.accuracy_csv))
     warns = list(fl.warnings) + [w for r in fl.rows for w in r.warnings]
     return _emit(fl.as_dict(), _format_fleet(fl), args.json, warns)
 

@@ -18,6 +18,7 @@ from typing import Any
 from . import formats, llamacpp, stats
 from .hfconfig import SLIDING, Geometry
 from .models import model_record
+from .output import repo_root
 from .sizing import cache_bytes, check_context, kv_bytes_per_token, kv_formats, max_context, state_bytes
 from .units import GIB
 
@@ -92,6 +93,11 @@ def weights_bytes(model: str) -> tuple[int, str]:
 
 def _retrieved(rows: list[dict[str, str]]) -> int:
     return sum(1 for r in rows if r["retrieved"] in ("True", "true", "1", "1.0"))
+
+
+def default_accuracy_csv() -> Path:
+    """The committed needle measurement (notebook 09's, ``scripts/plan_needle.py``): 200 haystacks per cell."""
+    return repo_root() / "data" / "plan_needle" / "needle.csv"
 
 
 def accuracy_lookup(path: str | Path | None, storage: str,

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:   # pandas only for the annotation: the CLI imports this module and stays light
+    import pandas as pd
 
 __all__ = ["repo_root", "resolve_out_dir", "write_table", "FIGURE_DIR", "FIGURE_DIR_ENV"]
 
