@@ -77,15 +77,20 @@ def readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int) -> lis
 
 
 def llamacpp_checks(comparison: pd.DataFrame) -> list[Check]:
-    """One check per format with at least two windows: our simulated Δ perplexity (from fp16)
-    agrees with llama.cpp's (:func:`kvcost.experiments.realmodel.agreement`)."""
+    """Per format: our KL agrees with llama.cpp's excess KL (``kl_agrees``), and, with at least two
+    windows, our Δ perplexity from fp16 with llama.cpp's (``agrees``; see
+    :func:`kvcost.experiments.realmodel.agreement`). Untestable rows are left out."""
     out = []
     for r in comparison.itertuples():
-        if r.agrees is None:
-            continue
-        out.append(Check(f"{r.format} at {r.context} tokens: our Δ perplexity agrees with llama.cpp's",
-                         f"llama.cpp Δ {r.llamacpp_dppl:+.4f}", f"ours Δ {r.ours_dppl:+.4f} over {r.windows} "
-                         f"window(s); tolerance: intervals + engine gap {r.floor:.4f}", bool(r.agrees)))
+        if r.kl_agrees is not None:
+            out.append(Check(f"{r.format} at {r.context} tokens: our KL matches llama.cpp's above its floor",
+                             f"llama.cpp KL {r.llamacpp_kl:.4f} − floor {r.llamacpp_kl_floor:.4f}",
+                             f"ours {r.ours_kl:.4f} (ratio {r.kl_ratio:.2f}, {r.windows} window(s))",
+                             bool(r.kl_agrees), f"tolerance ratio within {tables.KL_REL_TOL:.0%} of 1"))
+        if r.agrees is not None:
+            out.append(Check(f"{r.format} at {r.context} tokens: our Δ perplexity agrees with llama.cpp's",
+                             f"llama.cpp Δ {r.llamacpp_dppl:+.4f}", f"ours Δ {r.ours_dppl:+.4f} over {r.windows} "
+                             f"windows", bool(r.agrees), f"tolerance: intervals + engine gap {r.floor:.4f}"))
     return out
 
 

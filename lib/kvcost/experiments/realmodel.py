@@ -24,10 +24,18 @@ import pandas as pd
 from .. import quant, realkv, stats
 from ..output import repo_root
 
-__all__ = ["DATA", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful", "format_table", "head_summary",
-           "live_slice", "llamacpp_comparison", "load_provenance", "load_windows", "passkey_table"]
+__all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
+           "format_table", "head_summary", "live_slice", "llamacpp_comparison", "load_provenance", "load_windows",
+           "passkey_table"]
 
 DATA = Path("data") / "real_model"
+#: KL agreement: llama.cpp's KL minus its own floor (its bf16-cache KL on the same windows: Q rounded to
+#: K's vec-dot type, f16 V accumulation — noise our fp32 attention does not have) within this relative
+#: distance of ours, for formats whose KL is at least KL_MEASURABLE times that floor. Chosen after the
+#: first window was seen (not pre-registered): the engines' weights and Q rounding differ, so a factor of
+#: 1.5 either way is what "the same loss" can mean here.
+KL_REL_TOL = 0.5
+KL_MEASURABLE = 2.0
 # Student t 0.975 quantiles for 1..30 degrees of freedom (scipy.stats.t.ppf(0.975, df)).
 T95 = (12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252, 2.306004135,
        2.262157163, 2.228138852, 2.200985160, 2.178812830, 2.160368656, 2.144786688, 2.131449546, 2.119905299,
@@ -116,12 +124,15 @@ def llamacpp_comparison(ours: pd.DataFrame, theirs: pd.DataFrame) -> pd.DataFram
     windows both engines ran. Columns ``context, format, windows, ours_dppl, ours_lo, ours_hi,
     llamacpp_dppl, llamacpp_lo, llamacpp_hi, ours_kl, llamacpp_kl, floor, agrees``; ``floor``
     is the two engines' fp16-cache perplexity gap (mean absolute over the windows); ``agrees``
-    is None (not tested) with fewer than two windows, where no interval exists."""
+    is None (not tested) with fewer than two windows, where no interval exists. ``kl_ratio`` is
+    (llama.cpp's KL − its bf16 floor) / ours and ``kl_agrees`` whether it is within
+    :data:`KL_REL_TOL` of 1 (None when our KL is below :data:`KL_MEASURABLE` floors)."""
     a, b = _per_window(ours), _per_window(theirs)
     common = set(zip(b["context"], b["window"], b["format"])) & set(zip(a["context"], a["window"], a["format"]))
     rows = []
     for c in sorted({k[0] for k in common}):
         wins = sorted({k[1] for k in common if k[0] == c and k[2] == "fp16"})
+        kl_floor = b[(b["context"] == c) & (b["format"] == "bf16")].set_index("window")["kl"]
         pa = a[(a["context"] == c) & (a["format"] == "fp16") & a["window"].isin(wins)].set_index("window")["ppl"]
         pb = b[(b["context"] == c) & (b["format"] == "fp16") & b["window"].isin(wins)].set_index("window")["ppl"]
         floor = float(np.mean(np.abs(pa - pb.loc[pa.index]))) if len(pa) else math.nan
@@ -135,9 +146,14 @@ def llamacpp_comparison(ours: pd.DataFrame, theirs: pd.DataFrame) -> pd.DataFram
             mb, lb, hb = _t_interval(gb["dppl16"].to_numpy())
             half_a = 0.0 if math.isnan(la) else (ha - la) / 2
             half_b = 0.0 if math.isnan(lb) else (hb - lb) / 2
+            ours_kl, their_kl = float(ga["kl"].mean()), float(gb["kl"].mean())
+            fl = float(kl_floor.reindex(w).mean()) if len(kl_floor) else math.nan
+            measurable = fmt != "bf16" and not math.isnan(fl) and ours_kl >= KL_MEASURABLE * fl
+            ratio = (their_kl - fl) / ours_kl if measurable else math.nan
             rows.append({"context": c, "format": fmt, "windows": len(w), "ours_dppl": ma, "ours_lo": la,
                          "ours_hi": ha, "llamacpp_dppl": mb, "llamacpp_lo": lb, "llamacpp_hi": hb,
-                         "ours_kl": float(ga["kl"].mean()), "llamacpp_kl": float(gb["kl"].mean()),
+                         "ours_kl": ours_kl, "llamacpp_kl": their_kl, "llamacpp_kl_floor": fl,
+                         "kl_ratio": ratio, "kl_agrees": bool(abs(ratio - 1) <= KL_REL_TOL) if measurable else None,
                          "floor": floor,
                          "agrees": agreement(ma, half_a, mb, half_b, floor) if len(w) >= 2 else None})
     return pd.DataFrame(rows)
