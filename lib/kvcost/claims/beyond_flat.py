@@ -5,6 +5,7 @@ import itertools
 
 import pandas as pd
 
+from .. import stats
 from ..output import repo_root
 from .report import Check, value_check
 
@@ -43,14 +44,16 @@ def beyond_flat_checks(sweep: pd.DataFrame, flush: pd.DataFrame, deepseek: pd.Da
         bool(between) and all(between)))
     for kind, strat in (("recursive", "flat"), ("pairwise", "pairwise"), ("blocked", "two_level")):
         sub = sweep[(sweep["strategy"] == strat) & ~sweep["format"].isin(["fp32"] if kind == "blocked" else [])]
-        ok = (sub["rel_error"] <= sub[f"bound_{kind}"] * (1 + 1e-12)).mean() if len(sub) else float("nan")
+        k = int((sub["rel_error"] <= sub[f"bound_{kind}"] * (1 + 1e-12)).sum())
         checks.append(Check(f"Textbook {kind} bound holds for {strat}", "100% of runs",
-                                   f"{ok:.0%} of {len(sub)} runs", bool(ok == 1.0)))
+                            f"within the bound in {stats.rate_text(k, len(sub))} of the runs (Wilson 95%; "
+                            "runs = format x profile x n)", bool(len(sub)) and k == len(sub)))
     sub = sweep[sweep["strategy"] == "flat"]
     viol = sub[sub["rel_error"] > sub["bound_probabilistic"]]
     checks.append(Check(
         "Probabilistic bound sqrt(n)*u (random rounding errors)", "holds with high probability",
-        f"exceeded in {len(viol)} of {len(sub)} flat runs; profiles: {sorted(set(viol['profile']))}",
+        f"exceeded in {stats.rate_text(len(viol), len(sub))} of the flat runs (Wilson 95%); profiles: "
+        f"{sorted(set(viol['profile']))}",
         len(viol) == 0,
         "the rule assumes independent errors; equal positive terms round the same way every time"))
     f1 = flush.set_index(["interval", "profile"])["rel_error"]
