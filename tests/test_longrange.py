@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvcost import realkv
+from kvcost import output, realkv
 from kvcost.claims import beyond_flat
 from kvcost.claims import longrange as claims
 from kvcost.experiments import longrange as lr
@@ -90,8 +90,57 @@ def test_checks_are_computed_text(profiles):
     where = lr.where_grid(p, 16384, **kw)
     knobs = lr.knob_grid(p, 16384, splits=[1, 4], block_sizes=[192], **kw)
     sc = lr.scaling_grid(p[0], [1024, 4096], [9, 11], **kw)
-    out = claims.checks(ctx, where, knobs, sc, beyond_flat.load_published(), frac_bits=11)
-    assert len(out) == 7
-    assert all(isinstance(c.agrees, bool) and c.computed for c in out)
-    assert "16,384" in out[0].computed
+    rs = claims.readings(ctx, where, knobs, sc, beyond_flat.load_published(), frac_bits=11)
+    assert len(rs) == 7
+    assert all(isinstance(r.check.agrees, bool) and r.check.computed for r in rs)
+    assert set(claims.verdicts(rs)) <= {claims.HOLDS, claims.DOES_NOT_HOLD, claims.NOT_SHOWN}
+    assert "16,384" in rs[0].check.computed
+    # one haystack per head cannot separate the retrieval rates: the needle reading is not shown, and says so
+    assert rs[2].status == claims.NOT_SHOWN and "not shown at n = 1" in claims.not_shown_markdown(rs)
+    assert len(claims.checks(ctx, where, knobs, sc, beyond_flat.load_published(), frac_bits=11)) == 6
     assert claims.pct(0.2345) == "23%" and claims.pct(1e-9) == "< 0.0001%"
+
+
+def _needle(k_nofix: int, k_base: int, n: int) -> pd.DataFrame:
+    rows = [{"head": "h", "n_tokens": 131072, "trial": t, "fix": f, "retrieved": t < k, "gain": 1.0}
+            for f, k in (("no fix", k_nofix), ("bf16 P, fp32 acc", k_base)) for t in range(n)]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(("k_nofix", "k_base", "n", "status"), [
+    (10, 30, 30, claims.HOLDS),              # 33% [19%, 51%] below 100% [89%, 100%]
+    (26, 30, 30, claims.DOES_NOT_HOLD),      # 87% [70%, 95%]: most needles kept, not separated from 100%
+    (30, 30, 30, claims.DOES_NOT_HOLD),      # no fix as good as the reference
+    (2, 3, 3, claims.NOT_SHOWN),             # the old notebook's 2/3 = 67% [21%, 94%] against 3/3
+    (5, 6, 6, claims.NOT_SHOWN),             # 83% [44%, 97%] against 100% [61%, 100%]
+])
+def test_needle_reading_three_verdicts(k_nofix, k_base, n, status):
+    r = claims._needle_reading(_needle(k_nofix, k_base, n))
+    assert r.status == status
+    assert f"{k_nofix}/{n} = " in r.check.computed and f"{k_base}/{n} = " in r.check.computed
+
+
+def test_rate_table_has_wilson_intervals():
+    t = lr.rate_table(_needle(10, 30, 30), ["fix"]).set_index("fix")
+    assert t.loc["no fix", "k"] == 10 and t.loc["no fix", "n"] == 30
+    assert t.loc["no fix", "retrieved (Wilson 95%)"] == "10/30 = 33% [19%, 51%]"
+    assert t.loc["bf16 P, fp32 acc", "hi"] == 1.0
+
+
+def test_committed_needle_checks_sha256_and_parameters(tmp_path):
+    expect = {"n_tokens": 131072, "source": "smollm2", "heads": 3, "head_dim": 128, "block_n": 96,
+              "needle_weight": 0.05, "seed": 0}
+    got = lr.committed_needle(expect)
+    assert got is not None
+    df, prov = got
+    assert prov["parameters"]["trials"] * 3 * 5 == len(df) and (df["n_tokens"] == 131072).all()
+    assert lr.committed_needle({**expect, "heads": 2}) is None
+    for name in ("needle.csv", "provenance.json"):
+        (tmp_path / name).write_bytes((output.repo_root() / lr.NEEDLE_DIR / name).read_bytes())
+    with open(tmp_path / "needle.csv", "a") as fh:
+        fh.write("tampered\n")
+    with pytest.raises(ValueError, match="sha256"):
+        lr.committed_needle(expect, folder=str(tmp_path))
+    # the notebook's live slice: a row recomputed equals the committed one
+    n, diff, same = lr.slice_difference(df, df.copy())
+    assert n == len(df) and diff == 0.0 and same

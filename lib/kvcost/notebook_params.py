@@ -128,6 +128,9 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         Int("heads", 3, lo=1, hi=72, doc="real heads at channel-mean-ratio quantiles 0.5 to 1"),
         Int("trials", 1, lo=1, hi=100, doc="haystacks per head and context"),
         Float("needle_weight", 0.05, lo=0.0, hi=0.5, lo_open=True, doc="the needle's exact attention weight"),
+        Str("needle_source", "committed", choices=["committed", "live"],
+            doc="retrieval rates at the longest context from data/long_range (20 haystacks per head, the "
+            "run's own haystacks recomputed live as a check) or from this run's haystacks only"),
         StrList("fixes", list(long_range.FIXES), choices=list(long_range.FIXES)),
         Int("where_n", 131072, lo=64, hi=2**21, doc="context of the where-is-the-loss and kernel-knob runs"),
         IntList("splits", [1, 2, 8], lo=1, hi=64),

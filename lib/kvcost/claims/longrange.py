@@ -1,18 +1,37 @@
 """Notebook 06's readings: the post's and vLLM's claims about the long-range failure, each checked
 against the FA3 emulation's tables (:mod:`kvcost.experiments.longrange`). Every sentence is
-computed from the tables; published figures are read from ``data/accumulation_published.csv``."""
+computed from the tables; published figures are read from ``data/accumulation_published.csv``.
+
+Each reading has one of three verdicts: it holds, it does not hold, or it is not shown at this
+number of haystacks (a comparison of rates whose Wilson 95% intervals overlap)."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from .. import stats
-from ..experiments.longrange import published_niah
+from ..experiments.longrange import published_niah, rate_table
 from .report import Check
 
-__all__ = ["checks", "pct", "scaling_fit"]
+__all__ = ["DOES_NOT_HOLD", "HOLDS", "NOT_SHOWN", "Reading", "checks", "not_shown_markdown", "pct", "readings",
+           "scaling_fit", "verdicts"]
+
+HOLDS, DOES_NOT_HOLD, NOT_SHOWN = "holds", "does not hold", "not shown"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A :class:`Check` and its verdict: :data:`HOLDS`, :data:`DOES_NOT_HOLD` or :data:`NOT_SHOWN`."""
+
+    check: Check
+    status: str
+
+
+def _decided(check: Check) -> Reading:
+    return Reading(check, HOLDS if check.agrees else DOES_NOT_HOLD)
 
 
 def pct(x: float) -> str:
@@ -62,9 +81,39 @@ def scaling_fit(scaling: pd.DataFrame, level: float = 0.1) -> dict[str, float]:
     return {"spread_dex": spread, "range_dex": float(lg.max() - lg.min()), "x_at_level": x_level}
 
 
-def checks(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, scaling: pd.DataFrame,
-           published: pd.DataFrame, frac_bits: int = 13) -> list[Check]:
-    """The readings for notebook 06 (see the module docstring)."""
+def _needle_reading(needle: pd.DataFrame) -> Reading:
+    """The needle reading from retrieval rows at their longest context: holds when the no-fix rate's
+    Wilson 95% interval lies below the reference kernel's; does not hold when the intervals overlap
+    and the no-fix interval lies above one half (most needles are kept); not shown otherwise."""
+    nn = int(needle["n_tokens"].max())
+    rates = rate_table(needle[needle["n_tokens"] == nn], ["fix"]).set_index("fix")
+    per_head = rate_table(needle[(needle["n_tokens"] == nn) & (needle["fix"] == "no fix")], ["head"])
+    nf, base = rates.loc["no fix"], rates.loc["bf16 P, fp32 acc"]
+    gain = needle[(needle["n_tokens"] == nn) & (needle["fix"] == "no fix")]["gain"].median()
+    if nf["hi"] < base["lo"]:
+        status = HOLDS
+    elif nf["lo"] > 0.5:
+        status = DOES_NOT_HOLD
+    else:
+        status = NOT_SHOWN
+    each = f" ({len(per_head)} heads x {int(per_head['n'].iloc[0])})" if per_head["n"].nunique() == 1 else ""
+    return Reading(Check(
+        "At ~100k tokens a low-precision accumulator silently drops the needle", "needle lost",
+        f"n = {nn:,} tokens, needle's share within 2x of exact over {int(nf['n'])} haystacks{each}: "
+        f"no fix {nf['retrieved (Wilson 95%)']}, "
+        f"bf16 P with fp32 accumulation {base['retrieved (Wilson 95%)']}; no fix per head: "
+        + ", ".join(f"{r['head']} {r['retrieved (Wilson 95%)']}" for _, r in per_head.iterrows())
+        + f"; median gain {gain:.2f} (below 1: the output shrinks)",
+        status == HOLDS,
+        "without a fix most needles are kept (the rate's interval lies above one half) and the rate is not "
+        "separated from the reference kernel's"
+        if status == DOES_NOT_HOLD else f"not shown at n = {int(nf['n'])} (the two 95% intervals overlap)"), status)
+
+
+def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, scaling: pd.DataFrame,
+             published: pd.DataFrame, frac_bits: int = 13, needle: pd.DataFrame | None = None) -> list[Reading]:
+    """The readings for notebook 06 (see the module docstring), each with its verdict. ``needle``: the
+    retrieval rows the needle reading counts (default: ``context`` at its longest context)."""
     out = []
     nmax, nmin = int(context["n_tokens"].max()), int(context["n_tokens"].min())
     top = context[context["n_tokens"] == nmax]
@@ -74,63 +123,61 @@ def checks(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, scal
     nw = int(where["n_tokens"].max())
     e = {v: _med(where, "variant", v) for v in ("kernel", "exact QKᵀ", "exact l", "exact acc_o")}
     ok = e["exact acc_o"] < e["kernel"] / 5 and min(e["exact QKᵀ"], e["exact l"]) > e["kernel"] / 2
-    out.append(Check(
+    out.append(_decided(Check(
         "The cliff is in the accumulator, not the storage", "the accumulator",
         f"n = {nw:,}, median relative error of the output: FA3 FP8 kernel {pct(e['kernel'])}; with QKᵀ exact "
         f"{pct(e['exact QKᵀ'])}; with the row sum l exact {pct(e['exact l'])}; with acc_o exact "
         f"{pct(e['exact acc_o'])} (storage and the e4m3 cast of P remain in all four)",
-        bool(ok), "making acc_o exact does not remove most of the error here"))
+        bool(ok), "making acc_o exact does not remove most of the error here")))
 
     # a 4K benchmark cannot see it
     e_min = _med(context[context["n_tokens"] == nmin], "fix", "no fix")
     e_max = _med(top, "fix", "no fix")
-    out.append(Check(
+    out.append(_decided(Check(
         "Test at your real maximum context. A 4K benchmark cannot see the accumulator effect",
         "error grows with context", f"no fix, median error {pct(e_min)} at {nmin:,} tokens and {pct(e_max)} at "
         f"{nmax:,} ({e_max / e_min:.2g}x)", bool(e_max >= 5 * e_min),
-        "the error at the short context is already a sizeable part of the long one"))
+        "the error at the short context is already a sizeable part of the long one")))
 
-    # the needle: by share, and the gain
-    nf, base = top[top["fix"] == "no fix"], top[top["fix"] == "bf16 P, fp32 acc"]
-    lo_nf = stats.wilson(int(nf["retrieved"].sum()), len(nf))
-    hi_base = stats.wilson(int(base["retrieved"].sum()), len(base))
-    dropped = lo_nf[1] < hi_base[0]
-    out.append(Check(
-        "At ~100k tokens a low-precision accumulator silently drops the needle", "needle lost",
-        f"n = {nmax:,}, needle's share within 2x of exact: no fix {_rate(nf)}, bf16 P with fp32 accumulation "
-        f"{_rate(base)}; shares {', '.join(f'{x:.2g}' for x in sorted(nf['share']))}; median gain "
-        f"{nf['gain'].median():.2f} (below 1: the output shrinks)", bool(dropped),
-        "the two retrieval rates are not separated by their 95% intervals at this number of runs"))
+    # the needle: by share (rates with Wilson intervals), and the gain
+    needle = top if needle is None else needle
+    out.append(_needle_reading(needle))
+    nn = int(needle["n_tokens"].max())
+    rates = rate_table(needle[needle["n_tokens"] == nn], ["fix"]).set_index("fix")
 
     # the fixes, beside the published accuracies
     order = ["no fix", "PR #122 every 64", "PR #122 every 4", "PR #104 every tile"]
     errs = [_med(top, "fix", f) for f in order]
     mono = all(a >= b for a, b in itertools.pairwise(errs))
     pub_txt = " / ".join(f"{pub[f]:.3g}" for f in order if f in pub.index)
-    out.append(Check(
+    out.append(_decided(Check(
         "Two-level accumulation restores it; flushing less often costs accuracy (vLLM FA PR #104, PR #122)",
         f"NIAH at 128k: {pub_txt} (no fix / every 64 / every 4 / every tile)",
         f"model, median per-head error at {nmax:,}: " + " / ".join(pct(x) for x in errs),
         bool(mono and errs[-1] < 0.01),
-        "the model's errors are not in the published order, or the per-tile fix leaves >= 1% error"))
-    out.append(Check(
+        "the model's errors are not in the published order, or the per-tile fix leaves >= 1% error")))
+    out.append(_decided(Check(
         "vLLM, 128k NIAH on Hopper: 91% (BF16) -> 13% (FP8) -> 89% (two-level accumulation)",
         f"{pub['BF16 (blog)']:.0%} -> {pub['no fix']:.0%} -> {pub['PR #104 every tile']:.0%}",
         f"per-head error at {nmax:,}: {pct(_med(top, 'fix', 'bf16 P, fp32 acc'))} (bf16 P, fp32 accumulation) -> "
-        f"{pct(errs[0])} (FP8, no fix) -> {pct(errs[-1])} (PR #104); the same direction, but a per-head output error "
-        "is not a NIAH accuracy: no model here turns it into answers",
-        bool(errs[0] > 10 * errs[-1]), "the emulated kernel does not separate the three settings"))
+        f"{pct(errs[0])} (FP8, no fix) -> {pct(errs[-1])} (PR #104)"
+        + (f"; needle retrieved by share at {nn:,}: " + " -> ".join(
+            rates.loc[f, "retrieved (Wilson 95%)"] for f in ("bf16 P, fp32 acc", "no fix", "PR #104 every tile"))
+           if "PR #104 every tile" in rates.index else "")
+        + "; the same direction, but a per-head output error or share is not a NIAH accuracy: no model here "
+        "turns it into answers",
+        bool(errs[0] > 10 * errs[-1]), "the emulated kernel does not separate the three settings")))
 
     # splits (why tensor-parallel size changes results, vllm issue #23813)
     sp = knobs[knobs["variant"].str.startswith("splits ")]
     if sp["variant"].nunique() >= 2:
         se = sp.groupby("variant")["rel_l2"].median()
         se = se.reindex(sorted(se.index, key=lambda v: int(v.split()[-1])))
-        out.append(Check(
+        out.append(_decided(Check(
             "Split-KV changes the error (results depend on batch x KV heads per GPU, vllm issue #23813)",
             "fewer blocks per split, less error",
             "no fix at " + f"{int(knobs['n_tokens'].max()):,}: " + ", ".join(f"{v} {pct(x)}" for v, x in se.items()),
-            bool(all(a >= b for a, b in itertools.pairwise(se.to_numpy())))))
+            bool(all(a >= b for a, b in itertools.pairwise(se.to_numpy()))))))
 
     # the scaling law, per head: the haystack's accumulation is a function of n·2^-b; heads with a
     # sink are reported beside it
@@ -141,7 +188,7 @@ def checks(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, scal
     n_fail = fit["x_at_level"] * 2 ** frac_bits
     others = "; ".join(f"{h} (sink share {sink:.0%}): {f['spread_dex']:.2g} decades" for h, (sink, f) in fits.items()
                        if h not in quiet)
-    out.append(Check(
+    out.append(_decided(Check(
         "acc_o's error is a function of n·2^-frac_bits (a narrower register at short context stands for "
         "13 bits at long context)", "curves collapse",
         f"{h0}: curves for frac_bits {sorted(scaling['frac_bits'].unique().tolist())} differ by at most "
@@ -150,5 +197,25 @@ def checks(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, scal
            f"tokens with {frac_bits} bits" if np.isfinite(n_fail) else "the error never reaches 10% in this range")
         + (f". With an attention sink the curves spread more — {others}" if others else ""),
         bool(quiet) and all(f["spread_dex"] <= 0.3 and f["range_dex"] >= 1.0 for f in quiet.values()),
-        "the curves of a head without a sink do not collapse within a factor 2, or no such head was run"))
+        "the curves of a head without a sink do not collapse within a factor 2, or no such head was run")))
     return out
+
+
+def checks(*args: object, **kw: object) -> list[Check]:
+    """The decided readings (:func:`readings` without the not-shown ones) as checks for a verdict."""
+    return [r.check for r in readings(*args, **kw) if r.status != NOT_SHOWN]
+
+
+def verdicts(rs: list[Reading]) -> list[str]:
+    """Each reading's verdict, in order."""
+    return [r.status for r in rs]
+
+
+def not_shown_markdown(rs: list[Reading]) -> str:
+    """Markdown for the readings not shown at this number of haystacks ("" when there are none)."""
+    miss = [r.check for r in rs if r.status == NOT_SHOWN]
+    if not miss:
+        return ""
+    return "\n".join([f"**Not shown at this number of haystacks** ({len(miss)} reading"
+                      f"{'s' * (len(miss) > 1)}; the 95% intervals overlap):", ""]
+                     + [f"- *{c.claim}* — {c.note}: {c.computed}." for c in miss])

@@ -17,6 +17,8 @@ within a factor 2 of the exact one.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .. import fa3, realkv
+from .. import fa3, realkv, stats, tensorcore
 from ..output import repo_root
 
 __all__ = [
@@ -33,6 +35,8 @@ __all__ = [
     "WHERE",
     "Haystack",
     "HeadProfile",
+    "NEEDLE_DIR",
+    "committed_needle",
     "context_grid",
     "decoder_profiles",
     "head_profiles",
@@ -43,7 +47,9 @@ __all__ = [
     "pick_profiles",
     "profile_table",
     "published_niah",
+    "rate_table",
     "scaling_grid",
+    "slice_difference",
     "where_grid",
 ]
 
@@ -231,7 +237,7 @@ def _attend(hs: Sequence[Haystack], block_n: int, **kw: object) -> np.ndarray:
 
 
 def _grid(profiles: Sequence[HeadProfile], ns: Sequence[int], d: int, trials: int, needle_weight: float,
-          seed: int, variants: dict[str, dict], block_n: int, column: str) -> pd.DataFrame:
+          seed: int, variants: dict[str, dict], block_n: int, column: str, frac_bits: int) -> pd.DataFrame:
     rows = []
     for n in ns:
         keys = [(p, t) for p in profiles for t in range(trials)]
@@ -242,7 +248,7 @@ def _grid(profiles: Sequence[HeadProfile], ns: Sequence[int], d: int, trials: in
             for name, kw in variants.items():
                 kw = dict(kw)
                 bn = int(kw.pop("block_n", block_n))
-                outs = _attend(hs, bn, **kw)
+                outs = _attend(hs, bn, frac_bits=frac_bits, **kw)
                 for (p, t), h, out in zip(batch, hs, outs):
                     rows.append({"head": p.label, "rho": p.rho, "n_tokens": n, "trial": t, column: name,
                                  "block_n": bn, **metrics(h, out)})
@@ -252,22 +258,25 @@ def _grid(profiles: Sequence[HeadProfile], ns: Sequence[int], d: int, trials: in
 
 
 def context_grid(profiles: Sequence[HeadProfile], ns: Sequence[int], d: int, trials: int, needle_weight: float,
-                 seed: int, fixes: Sequence[str] = tuple(FIXES), block_n: int = 96) -> pd.DataFrame:
+                 seed: int, fixes: Sequence[str] = tuple(FIXES), block_n: int = 96,
+                 frac_bits: int = tensorcore.FRAC_BITS) -> pd.DataFrame:
     """Every head x context x trial under each fix (:data:`FIXES`), plus the exact-arithmetic
-    kernel (P bf16, fp32 accumulation) as ``"bf16 P, fp32 acc"``."""
+    kernel (P bf16, fp32 accumulation) as ``"bf16 P, fp32 acc"``. ``frac_bits``: the tensor core's
+    kept fraction bits (fewer stand for a longer context: the scaling law)."""
     variants = {f: FIXES[f] for f in fixes}
     variants["bf16 P, fp32 acc"] = {"p_format": "bf16", "accumulator": "fp32"}
-    return _grid(profiles, ns, d, trials, needle_weight, seed, variants, block_n, "fix")
+    return _grid(profiles, ns, d, trials, needle_weight, seed, variants, block_n, "fix", frac_bits)
 
 
 def where_grid(profiles: Sequence[HeadProfile], n: int, d: int, trials: int, needle_weight: float, seed: int,
-               block_n: int = 96) -> pd.DataFrame:
+               block_n: int = 96, frac_bits: int = tensorcore.FRAC_BITS) -> pd.DataFrame:
     """The kernel with QKᵀ, the row sum l, acc_o, and all three made exact in turn (:data:`WHERE`)."""
-    return _grid(profiles, [n], d, trials, needle_weight, seed, WHERE, block_n, "variant")
+    return _grid(profiles, [n], d, trials, needle_weight, seed, WHERE, block_n, "variant", frac_bits)
 
 
 def knob_grid(profiles: Sequence[HeadProfile], n: int, d: int, trials: int, needle_weight: float, seed: int,
-              splits: Sequence[int], block_sizes: Sequence[int], block_n: int = 96) -> pd.DataFrame:
+              splits: Sequence[int], block_sizes: Sequence[int], block_n: int = 96,
+              frac_bits: int = tensorcore.FRAC_BITS) -> pd.DataFrame:
     """No fix at context n: split-KV counts, KV block sizes, and rounding to nearest."""
     variants: dict[str, dict] = {}
     for s in splits:
@@ -275,7 +284,7 @@ def knob_grid(profiles: Sequence[HeadProfile], n: int, d: int, trials: int, need
     for b in block_sizes:
         variants[f"block_n {b}"] = {"block_n": b}
     variants["terms cut to nearest"] = {"rounding": "nearest"}
-    return _grid(profiles, [n], d, trials, needle_weight, seed, variants, block_n, "variant")
+    return _grid(profiles, [n], d, trials, needle_weight, seed, variants, block_n, "variant", frac_bits)
 
 
 def scaling_grid(p: HeadProfile, ns: Sequence[int], frac_bits: Sequence[int], d: int, trials: int,
@@ -307,3 +316,48 @@ def published_niah(published: pd.DataFrame) -> pd.DataFrame:
              ("PR #122 every 64", "niah_two_level_flush_every_64_steps")]
     return pd.DataFrame([{"fix": fix, "quantity": q, "source": pub.loc[q, "source"].split(",")[0],
                           "accuracy": float(pub.loc[q, "value"])} for fix, q in pairs])
+
+
+#: The committed heavier needle run (``scripts/long_range_needle.py``): needle.csv and provenance.json.
+NEEDLE_DIR = "data/long_range"
+_NEEDLE_KEYS = ("n_tokens", "source", "heads", "head_dim", "block_n", "needle_weight", "seed")
+
+
+def committed_needle(expect: dict[str, object], folder: str = NEEDLE_DIR) -> tuple[pd.DataFrame, dict] | None:
+    """The committed needle table and its provenance, or None when its parameters are not ``expect``'s
+    (keys n_tokens, source, heads, head_dim, block_n, needle_weight, seed). A needle.csv whose sha256
+    is not the one in provenance.json raises ValueError naming the file."""
+    root = repo_root() / folder
+    prov = json.loads((root / "provenance.json").read_text())
+    csv = root / "needle.csv"
+    digest = hashlib.sha256(csv.read_bytes()).hexdigest()
+    if digest != prov["needle_csv_sha256"]:
+        raise ValueError(f"{folder}/needle.csv: sha256 {digest} is not provenance.json's {prov['needle_csv_sha256']}")
+    have = prov["parameters"]
+    if any(k in expect and have[k] != expect[k] for k in _NEEDLE_KEYS):
+        return None
+    return pd.read_csv(csv), prov
+
+
+def rate_table(df: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
+    """Retrieval by share per group of ``by``: k retrieved of n haystacks, the rate, its Wilson 95%
+    interval (lo, hi) and the text ``"k/n = r% [lo%, hi%]"``."""
+    rows = []
+    for key, g in df.groupby(list(by), sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        k, n = int(g["retrieved"].astype(bool).sum()), len(g)
+        lo, hi = stats.wilson(k, n)
+        rows.append({**dict(zip(by, key)), "k": k, "n": n, "rate": k / n, "lo": lo, "hi": hi,
+                     "retrieved (Wilson 95%)": stats.rate_text(k, n)})
+    return pd.DataFrame(rows)
+
+
+def slice_difference(committed: pd.DataFrame, live: pd.DataFrame) -> tuple[int, float, bool]:
+    """The committed rows that ``live`` recomputed (same head, n_tokens, trial, fix): how many, the
+    largest |difference| of rel_l2, gain and share, and whether every retrieval verdict agrees."""
+    keys = ["head", "n_tokens", "trial", "fix"]
+    m = committed.merge(live, on=keys, suffixes=("_c", "_l"))
+    if not len(m):
+        return 0, float("nan"), True
+    diff = max(float((m[f"{c}_c"] - m[f"{c}_l"]).abs().max()) for c in ("rel_l2", "gain", "share"))
+    return len(m), diff, bool((m["retrieved_c"].astype(bool) == m["retrieved_l"].astype(bool)).all())
