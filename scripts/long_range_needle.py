@@ -14,43 +14,18 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
 
+from kvcost import provenance
 from kvcost.experiments import longrange as lr
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("numpy", "pandas", "ml_dtypes", "numba", "kvcost"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,16 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     df = df.sort_values(["head", "trial", "fix"], kind="stable").reset_index(drop=True)
     csv = args.out / "needle.csv"
     df.to_csv(csv, index=False, lineterminator="\n")
-    inputs = {rel: sha256(ROOT / rel) for rel in lr.SOURCES[args.source] if rel}
+    inputs = {rel: provenance.sha256(ROOT / rel) for rel in lr.SOURCES[args.source] if rel}
     prov = {"command": "nice -n 10 .venv/bin/python scripts/long_range_needle.py" + (
                 " " + " ".join(sys.argv[1:]) if len(sys.argv) > 1 else ""),
-            "date": datetime.date.today().isoformat(), "git_commit": git_commit(), "cpus": os.cpu_count(),
-            "versions": versions(), "inputs": inputs,
+            "date": datetime.date.today().isoformat(), "git_commit": provenance.git_commit(),
+            "cpus": os.cpu_count(),
+            "versions": provenance.versions(("numpy", "pandas", "ml_dtypes", "numba", "kvcost")), "inputs": inputs,
             "parameters": {"n_tokens": args.n_tokens, "trials": args.trials, "source": args.source,
                            "heads": args.heads, "head_dim": args.head_dim, "block_n": args.block_n,
                            "needle_weight": args.needle_weight, "seed": args.seed},
             "heads": [h.label for h in picked], "rows": len(df),
-            "run_seconds_this_session": round(time.time() - t0), "needle_csv_sha256": sha256(csv)}
+            "run_seconds_this_session": round(time.time() - t0), "needle_csv_sha256": provenance.sha256(csv)}
     (args.out / "provenance.json").write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
     partial.unlink()
     print(f"wrote {csv} ({len(df)} rows) and provenance.json")

@@ -13,44 +13,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
 
+from kvcost import provenance
 from kvcost.experiments import plan as plan_exp
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_KV = ROOT / "data" / "real_kv" / "minilm_l6_kv.npz"
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("numpy", "pandas", "ml_dtypes", "kvcost"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,12 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         "command": "nice -n 10 .venv/bin/python scripts/plan_needle.py " + " ".join(
             argv if argv is not None else sys.argv[1:]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-        "git_commit": git_commit(), "versions": versions(), "cpus": os.cpu_count(),
+        "git_commit": provenance.git_commit(), "cpus": os.cpu_count(),
+        "versions": provenance.versions(("numpy", "pandas", "ml_dtypes", "kvcost")),
         "parameters": {"contexts": args.contexts, "dtypes": args.dtypes, "trials": args.trials,
                        "needle_weight": args.needle_weight, "seed": args.seed, "head_dim": 64},
         "rows": len(full), "run_seconds_this_session": round(time.time() - t0),
-        "needle_csv_sha256": sha256(csv_path),
-        "input": {"path": str(REAL_KV.relative_to(ROOT)), "sha256": sha256(REAL_KV)},
+        "needle_csv_sha256": provenance.sha256(csv_path),
+        "input": {"path": str(REAL_KV.relative_to(ROOT)), "sha256": provenance.sha256(REAL_KV)},
     }
     (args.out / "provenance.json").write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
     print(f"wrote {csv_path} ({len(full)} rows) and provenance.json")

@@ -16,7 +16,6 @@ torch and transformers are imported inside the functions that need them (the opt
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from . import quant
+from .provenance import sha256
 
 __all__ = [
     "BASE_FORMATS",
@@ -74,15 +74,6 @@ def find_gguf(dist: str = DIST, name: str = GGUF_NAME) -> Path:
             if path.is_file():
                 return path
     raise ValueError(f"parameter 'name': {dist!r} installs no file {name!r}")
-
-
-def sha256(path: str | Path) -> str:
-    """Hex sha256 of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def available() -> bool:
