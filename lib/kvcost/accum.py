@@ -322,7 +322,7 @@ def _sequential_accumulate(y: np.ndarray, init: np.ndarray | None = None) -> np.
 
 # ------------------------------------------------------------------ public API
 def running_sum(x: Any, fmt: str | FloatFormat, block: int | None = None) -> np.ndarray:
-    """Sum ``x`` along axis 0 as a running accumulator in ``fmt`` computes it (CONTRACT).
+    """Sum ``x`` along axis 0 as a running accumulator in ``fmt`` computes it (docs/api.md).
 
     Each addition ``acc + x[i]`` is rounded once, to nearest, ties to even, into ``fmt``.
     ``block=b``: two-level accumulation: each run of b consecutive terms is summed in

@@ -195,7 +195,7 @@ def ggml_dequantize(blocks: GGMLBlocks) -> np.ndarray:
 
 def ggml_roundtrip(x: np.ndarray, kind: str) -> np.ndarray:
     """Quantize ``x`` row by row along its last axis with llama.cpp's reference quantizer for
-    ``kind`` and dequantize it again, as the cache hands it to attention (CONTRACT.md).
+    ``kind`` and dequantize it again, as the cache hands it to attention (docs/api.md).
 
     ``kind``: ``q8_0, q4_0, q4_1, q5_0, q5_1`` (and ``iq4_nl``). Float32 arithmetic, scales
     stored as fp16; returns float32 of ``x``'s shape. A last axis that is not a multiple of 32,
