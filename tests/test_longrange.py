@@ -144,3 +144,14 @@ def test_committed_needle_checks_sha256_and_parameters(tmp_path):
     # the notebook's live slice: a row recomputed equals the committed one
     n, diff, same = lr.slice_difference(df, df.copy())
     assert n == len(df) and diff == 0.0 and same
+
+
+def test_pct_table_shows_relative_errors_without_noise_digits():
+    import pandas as pd
+
+    from kvcost.claims import longrange as claims_lr
+
+    df = pd.DataFrame({"head": ["a", "b", "c"], "rel_l2": [0.32, 1.1e-3, 3e-17]})
+    shown = claims_lr.pct_table(df, ["rel_l2"])
+    assert list(shown["rel_l2"]) == ["32%", "0.11%", "< 0.0001%"]
+    assert list(shown["head"]) == ["a", "b", "c"] and df["rel_l2"].iloc[0] == 0.32

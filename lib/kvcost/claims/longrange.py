@@ -7,6 +7,7 @@ number of haystacks (a comparison of rates whose Wilson 95% intervals overlap)."
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,8 +17,8 @@ from .. import stats
 from ..experiments.longrange import published_niah, rate_table
 from .report import Check
 
-__all__ = ["DOES_NOT_HOLD", "HOLDS", "NOT_SHOWN", "Reading", "checks", "not_shown_markdown", "pct", "readings",
-           "scaling_fit", "verdicts"]
+__all__ = ["DOES_NOT_HOLD", "HOLDS", "NOT_SHOWN", "Reading", "checks", "not_shown_markdown", "pct", "pct_table",
+           "readings", "scaling_fit", "verdicts"]
 
 HOLDS, DOES_NOT_HOLD, NOT_SHOWN = "holds", "does not hold", "not shown"
 
@@ -41,6 +42,14 @@ def pct(x: float) -> str:
     if x < 1e-6:
         return "< 0.0001%"
     return f"{100 * x:.2g}%"
+
+
+def pct_table(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
+    """A display copy of ``df`` with the relative-error columns ``cols`` shown by :func:`pct`."""
+    out = df.copy()
+    for c in cols:
+        out[c] = out[c].map(pct)
+    return out
 
 
 def _med(df: pd.DataFrame, col: str, name: str, metric: str = "rel_l2") -> float:
