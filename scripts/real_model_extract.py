@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import io
 import json
 import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -45,18 +43,6 @@ TEXT = ROOT / "data" / "text" / "pride_and_prejudice.txt"
 OUT = ROOT / "data" / "real_model"
 LAYERS = (0, 1, 10, 20, 29)
 Q_ROWS = 64
-
-
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """A deflated .npz with fixed member dates: identical input, identical bytes."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
-        for name, arr in arrays.items():
-            buf = io.BytesIO()
-            np.lib.format.write_array(buf, arr, allow_pickle=False)
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            zf.writestr(info, buf.getvalue(), compresslevel=9)
 
 
 def head_stats(k_pre: np.ndarray, k_post: np.ndarray, v: np.ndarray) -> list[dict]:
@@ -168,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "q_pos": np.arange(keep - Q_ROWS, keep, dtype=np.int32),
     }
     npz = args.out / "smollm2_kv.npz"
-    write_npz(npz, arrays)
+    realkv.write_npz(npz, arrays)
     prov = {
         "command": "python scripts/real_model_extract.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"), **meta,

@@ -221,3 +221,15 @@ def test_library_does_not_import_torch():
     code = "import sys, kvcost.realkv; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_write_npz_rewrites_the_committed_extracts_byte_for_byte(tmp_path):
+    from kvcost import provenance, realkv
+    from kvcost.output import repo_root
+
+    for rel in ("data/real_kv/minilm_l6_kv.npz", "data/real_model/smollm2_kv.npz"):
+        src = repo_root() / rel
+        with np.load(src, allow_pickle=False) as z:
+            arrays = {name: z[name] for name in z.files}
+        out = realkv.write_npz(tmp_path / "sub" / src.name, arrays)
+        assert provenance.sha256(out) == provenance.sha256(src), rel

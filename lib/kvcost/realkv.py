@@ -24,7 +24,7 @@ from .output import repo_root
 __all__ = [
     "DEFAULT_PATH", "RealKV", "as4d", "channel_heatmap", "channel_outlier_table", "channel_ratio", "channel_rms",
     "channel_typical_ratio", "load_real_kv", "save_real_kv", "structure_table", "token_norm_ratio",
-    "token_outlier_share", "token_outlier_table", "top_outlier_tokens", "without_special",
+    "token_outlier_share", "token_outlier_table", "top_outlier_tokens", "without_special", "write_npz",
 ]
 
 DEFAULT_PATH = Path("data") / "real_kv" / "minilm_l6_kv.npz"
@@ -112,6 +112,11 @@ def save_real_kv(path: str | Path, k: np.ndarray, v: np.ndarray, token_ids: np.n
     for name in ("token_ids", "tokens", "window", "special"):
         if arrays[name].shape != (n_tok,):
             raise ValueError(f"parameter {name!r} must have shape ({n_tok},), got {arrays[name].shape}")
+    return write_npz(path, arrays)
+
+
+def write_npz(path: str | Path, arrays: dict[str, np.ndarray]) -> Path:
+    """A deflated ``.npz`` with fixed member dates: identical arrays give identical bytes (and sha256)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
