@@ -19,7 +19,6 @@ ppl_windows.csv) and the provenance to llamacpp_windows.json.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import importlib.metadata
 import json
@@ -31,12 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from kvcost import realmodel  # noqa: E402
+from kvcost import provenance, realmodel  # noqa: E402
 
-TEXT = ROOT / "data" / "text" / "pride_and_prejudice.txt"
+TEXT = realmodel.TEXT
 OUT = ROOT / "data" / "real_model" / "llamacpp_windows.csv"
-FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
-          "correct", "seconds"]
 # our format name -> (type_k, type_v) as GGML type names
 CACHE_TYPES = {
     "fp32": ("F32", "F32"), "fp16": ("F16", "F16"), "bf16": ("BF16", "BF16"), "q8_0": ("Q8_0", "Q8_0"),
@@ -104,15 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                                      "LLAMA_ATTN_ROT_DISABLE=1 for plain quantized rows"},
             "text": str(TEXT.relative_to(ROOT)), "text_sha256": realmodel.sha256(TEXT),
         }, indent=1, sort_keys=True) + "\n")
-    done = set()
-    if args.out.is_file():
-        with open(args.out, newline="") as f:
-            done = {(int(r["context"]), int(r["window"]), r["format"]) for r in csv.DictReader(f)}
-    new_file = not args.out.is_file()
-    with open(args.out, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
+    done = provenance.finished_keys(args.out, realmodel.WINDOW_KEY)
+    with provenance.appending(args.out, realmodel.WINDOW_FIELDS) as write:
         for c in args.context:
             n_win = args.tokens // c if args.windows is None else min(args.tokens // c, args.windows)
             for w in range(n_win):
@@ -149,14 +139,13 @@ def main(argv: list[str] | None = None) -> int:
                         if (c, w, row_name) in done:
                             continue
                         m = realmodel.token_metrics(lg, targets, refs)
-                        writer.writerow({"context": c, "window": w, "format": row_name, "n": int(m["nll"].size),
+                        write({"context": c, "window": w, "format": row_name, "n": int(m["nll"].size),
                                          "nll_sum": repr(float(m["nll"].sum())),
                                          "kl_fp32_sum": repr(float(m["kl0"].sum())),
                                          "kl_fp16_sum": repr(float(m["kl1"].sum())),
                                          "top1_fp32": int(m["top1_0"].sum()), "top1_fp16": int(m["top1_1"].sum()),
                                          "correct": int((m["argmax"] == targets.numpy()).sum()),
                                          "seconds": round(secs, 1)})
-                        fh.flush()
                         print(f"llama.cpp context {c} window {w} {row_name}: ppl {float(np.exp(m['nll'].mean())):.4f} "
                               f"KL {m['kl0'].mean():.5f} ({secs:.1f} s)", flush=True)
     return 0

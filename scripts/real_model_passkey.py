@@ -13,7 +13,6 @@ passkey.json.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from kvcost import realmodel  # noqa: E402
+from kvcost import provenance, realmodel  # noqa: E402
 from kvcost.experiments import realmodel_passkey as pk  # noqa: E402
 
 OUT = ROOT / "data" / "real_model" / "passkey.csv"
@@ -53,15 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             "started": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
             "versions": realmodel.versions(), "gguf_sha256": realmodel.sha256(realmodel.find_gguf()),
         }, indent=1, sort_keys=True) + "\n")
-    done = set()
-    if args.out.is_file():
-        with open(args.out, newline="") as f:
-            done = {(int(r["context"]), int(r["trial"]), r["variant"]) for r in csv.DictReader(f)}
-    new_file = not args.out.is_file()
-    with open(args.out, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
+    done = provenance.finished_keys(args.out, [("context", int), ("trial", int), ("variant", str)])
+    with provenance.appending(args.out, FIELDS) as write:
         for c in args.context:
             last = args.trials if args.only is None else min(args.trials, args.first_trial + args.only)
             for i in range(args.first_trial, last):
@@ -73,12 +65,11 @@ def main(argv: list[str] | None = None) -> int:
                 results = pk.run_trial(model, attn, prompt, todo)
                 for v in todo:
                     res = results[v]
-                    writer.writerow({"context": c, "trial": i, "depth": depth,
+                    write({"context": c, "trial": i, "depth": depth,
                                      "tokens": len(prompt.prefix) + len(prompt.tail), "variant": v,
                                      "success": int(res["success"]), "margin": repr(res["margin"]),
                                      "seconds": round(res["seconds"], 1)})
                     print(f"context {c} trial {i} depth {depth:.3f} {v}: {res}", flush=True)
-                fh.flush()
     return 0
 
 

