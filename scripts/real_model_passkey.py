@@ -3,6 +3,7 @@
 
     python scripts/real_model_passkey.py --context 1024 --trials 20 \
         --variants exact fa3 fa3:frac_bits=7 fa3:frac_bits=4 store:q4_0
+    python -m kvcost.sweep run real_model_passkey            # the whole grid as a sweep (sweeps/)
 
 Trial i of a context puts the needle at depth (i + 0.5) / trials with seed 1000 * context + i
 (kvcost.experiments.realmodel_passkey.build_prompt). One CSV row per cell, appended as soon as a
@@ -18,29 +19,69 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "lib"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a checkout without `make setup`
 
-from kvcost import provenance, realmodel  # noqa: E402
-from kvcost.experiments import realmodel_passkey as pk  # noqa: E402
+from kvcost import provenance, realmodel
+from kvcost.experiments import realmodel_passkey as pk
+from kvcost.output import repo_root
+
+ROOT = repo_root()
 
 OUT = ROOT / "data" / "real_model" / "passkey.csv"
 FIELDS = ["context", "trial", "depth", "tokens", "variant", "success", "margin", "seconds"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _context(text: str) -> int:
+    value = int(text)
+    if value < 256:
+        raise argparse.ArgumentTypeError(f"must be >= 256 tokens (the prompt's fixed text), got {text}")
+    return value
+
+
+def _variant(text: str) -> str:
+    try:
+        pk.parse_variant(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The checked command line (a sweep checks each run's flags with it before anything runs):
+    adds ``trial_list``, the trials to run."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--context", type=int, nargs="+", required=True)
-    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--context", type=_context, nargs="+", required=True, help="prompt lengths in tokens")
+    ap.add_argument("--trials", type=_positive, default=20, help="trials per context: depth (i + 0.5) / trials")
     ap.add_argument("--first-trial", type=int, default=0)
-    ap.add_argument("--only", type=int, default=None, help="run only this many trials from --first-trial "
+    ap.add_argument("--only", type=_positive, default=None, help="run only this many trials from --first-trial "
                     "(depths and seeds still those of --trials)")
-    ap.add_argument("--variants", nargs="+", default=["exact", "fa3"])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--trial", type=int, nargs="+", default=None,
+                    help="only these trials (0-based, < --trials; a sweep runs one trial per run)")
+    ap.add_argument("--variants", type=_variant, nargs="+", default=["exact", "fa3"],
+                    help="exact, store:<fmt>, fa3[:k=v,...], fa3full[:k=v,...]")
+    ap.add_argument("--threads", type=_positive, default=2)
+    ap.add_argument("--out", type=Path, default=OUT, help="the CSV rows are appended to (provenance beside it)")
     args = ap.parse_args(argv)
-    for v in args.variants:
-        pk.parse_variant(v)
+    if not 0 <= args.first_trial < args.trials:
+        ap.error(f"--first-trial must be in [0, {args.trials}), got {args.first_trial}")
+    last = args.trials if args.only is None else min(args.trials, args.first_trial + args.only)
+    args.trial_list = list(range(args.first_trial, last))
+    if args.trial is not None:
+        if min(args.trial) < 0 or max(args.trial) >= args.trials:
+            ap.error(f"--trial: trials are numbered 0 .. {args.trials - 1} (--trials {args.trials}), got {args.trial}")
+        args.trial_list = sorted(set(args.trial))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     model, tok = realmodel.load(args.threads)
     attn = pk.FA3Attention()
     attn.register(model)
@@ -55,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     done = provenance.finished_keys(args.out, [("context", int), ("trial", int), ("variant", str)])
     with provenance.appending(args.out, FIELDS) as write:
         for c in args.context:
-            last = args.trials if args.only is None else min(args.trials, args.first_trial + args.only)
-            for i in range(args.first_trial, last):
+            for i in args.trial_list:
                 todo = [v for v in args.variants if (c, i, v) not in done]
                 if not todo:
                     continue

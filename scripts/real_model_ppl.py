@@ -3,6 +3,7 @@
 
     python scripts/real_model_ppl.py --context 2048            # resumable: finished rows are kept
     python scripts/real_model_ppl.py --context 8192 --formats fp32 fp16 q8_0 q4_0
+    python -m kvcost.sweep run real_model_ppl                # the whole grid as a sweep (sweeps/)
 
 Text: data/text/pride_and_prejudice.txt, tokenized without special tokens; its first
 ``--tokens`` tokens (default 16,384) are cut into consecutive windows of ``--context`` tokens.
@@ -26,11 +27,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "lib"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a checkout without `make setup`
 
-from kvcost import provenance, realmodel  # noqa: E402
+from kvcost import provenance, realmodel
+from kvcost.output import repo_root
 
+ROOT = repo_root()
 TEXT = realmodel.TEXT
 OUT = ROOT / "data" / "real_model" / "ppl_windows.csv"
 DEFAULT_FORMATS = [
@@ -41,30 +43,64 @@ DEFAULT_FORMATS = [
 ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _context(text: str) -> int:
+    value = int(text)
+    if value < 64 or value % 2:
+        raise argparse.ArgumentTypeError(f"must be an even number >= 64, got {text}")
+    return value
+
+
+def _format(text: str) -> str:
+    try:
+        realmodel.parse_format(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {list(realmodel.STORAGE_FORMATS)}") from None
+    return text
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The checked command line (a sweep checks each run's flags with it before anything runs):
+    adds ``window_list``, the windows to run."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--context", type=int, required=True, help="tokens per window (even, >= 64)")
-    ap.add_argument("--tokens", type=int, default=16384, help="tokens of text used (default 16384)")
-    ap.add_argument("--windows", type=int, default=None, help="at most this many windows")
-    ap.add_argument("--formats", nargs="+", default=DEFAULT_FORMATS, help="storage formats (fp32, fp16 first)")
+    ap.add_argument("--context", type=_context, required=True, help="tokens per window (even, >= 64)")
+    ap.add_argument("--tokens", type=_count, default=16384, help="tokens of text used (default 16384)")
+    ap.add_argument("--windows", type=_count, default=None, help="at most this many windows (the first ones)")
+    ap.add_argument("--window", type=_count, nargs="+", default=None,
+                    help="only these windows (0-based; a sweep runs one window per run)")
+    ap.add_argument("--formats", type=_format, nargs="+", default=DEFAULT_FORMATS,
+                    help="storage formats (fp32 and fp16, the references, are always run)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, default=OUT, help="the CSV rows are appended to (provenance beside it)")
     args = ap.parse_args(argv)
-    if args.context < 64 or args.context % 2:
-        ap.error("--context must be an even number >= 64")
-    for f in args.formats:
-        realmodel.parse_format(f)
+    args.window_list = list(range(args.tokens // args.context))
+    if args.window is not None:
+        if max(args.window) >= len(args.window_list):
+            ap.error(f"--window: {args.tokens} tokens make {len(args.window_list)} windows of {args.context}, "
+                     f"numbered from 0; got {args.window}")
+        args.window_list = sorted(set(args.window))
+    if args.windows is not None:
+        args.window_list = args.window_list[:args.windows]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     formats = ["fp32", "fp16"] + [f for f in args.formats if f not in ("fp32", "fp16")]
+    windows = args.window_list
 
     import torch
 
     model, tok = realmodel.load(args.threads)
     ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
     if len(ids) < args.tokens:
-        ap.error(f"--tokens {args.tokens}: the text has only {len(ids)} tokens")
-    n_win = args.tokens // args.context
-    if args.windows is not None:
-        n_win = min(n_win, args.windows)
+        raise SystemExit(f"real_model_ppl.py: error: --tokens {args.tokens}: the text has only {len(ids)} tokens")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = args.out.with_suffix(".json")
     if not meta.is_file():
@@ -77,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     done = provenance.finished_keys(args.out, realmodel.WINDOW_KEY)
     with provenance.appending(args.out, realmodel.WINDOW_FIELDS) as write:
         c = args.context
-        for w in range(n_win):
+        for w in windows:
             todo = [f for f in formats if (c, w, f) not in done]
             if not todo:
                 continue

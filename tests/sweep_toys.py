@@ -52,3 +52,57 @@ def install(monkeypatch, folder: Path) -> Path:
     """Register the toy schema and write the notebook into ``folder``; returns its path."""
     monkeypatch.setitem(notebook_params.SCHEMAS, STEM, SCHEMA)
     return write_notebook(folder)
+
+
+#: A toy script for script sweeps: its flags are checked by ``parse_args``; it appends a row per
+#: value of ``--x`` to the CSV at ``--out`` (and a provenance JSON beside it), counts its runs in
+#: ``--counter`` and fails at ``--fail-at``.
+SCRIPT = '''"""A toy script run by sweeps."""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _small(text):
+    value = int(text)
+    if not 0 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1000], got {text}")
+    return value
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--x", type=_small, nargs="+", required=True)
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--loud", action="store_true")
+    ap.add_argument("--fail-at", type=int, default=-1)
+    ap.add_argument("--counter", default="")
+    ap.add_argument("--out", type=Path, required=True)
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.counter:
+        with open(args.counter, "a") as f:
+            f.write(" ".join(map(str, args.x)) + "\\n")
+    if args.fail_at in args.x:
+        print("toy script failing at", args.fail_at, flush=True)
+        return 3
+    rows = "".join(f"{x},{x * args.scale!r},{int(args.loud)}\\n" for x in args.x)
+    args.out.write_text("x,scaled,loud\\n" + rows)
+    args.out.with_suffix(".json").write_text(json.dumps({"argv": sys.argv[1:]}))
+    print("toy script", args.x, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def write_script(folder: Path) -> Path:
+    path = Path(folder) / "toy_script.py"
+    path.write_text(SCRIPT)
+    return path

@@ -199,3 +199,27 @@ def test_register_failure_scaling_law():
     none = claims.register_failure(real.passkey_table(df[df["variant"] != "fa3:frac_bits=2"]), 1024)
     assert "no collapse down to frac_bits 4" in none.computed
     assert claims.register_failure(real.passkey_table(df[df["variant"] == "exact"]), 1024) is None
+
+
+@pytest.mark.skipif(not realmodel.available(), reason="the [real-model] extra is not installed (make real-model)")
+def test_real_decoder_scripts_run_as_sweeps_on_a_small_slice(tmp_path):
+    """The grids' own scripts through the sweep machinery, on a 64-token window and a 256-token
+    passkey prompt: the rows land in the combined tables with the run's parameters."""
+    from kvcost import sweep
+
+    (tmp_path / "ppl.yaml").write_text("script: scripts/real_model_ppl.py\ntable: ppl_windows.csv\n"
+                                       "params: {context: 64, tokens: 128, formats: [q4_0], threads: 1}\n"
+                                       "product: {window: [1]}\n")
+    (tmp_path / "pk.yaml").write_text("script: scripts/real_model_passkey.py\ntable: passkey.csv\n"
+                                      "params: {context: [256], trials: 4, threads: 1,\n"
+                                      "         variants: [exact, 'fa3:frac_bits=4', 'store:q8_0']}\n"
+                                      "product: {trial: [2]}\n")
+    for name in ("ppl", "pk"):
+        outcome = sweep.run_sweep(sweep.load(tmp_path / f"{name}.yaml"), tmp_path / name, progress=False)
+        assert outcome.complete, outcome.failed
+    ppl = pd.read_csv(tmp_path / "ppl" / "ppl_windows.csv")
+    assert list(ppl["format"]) == ["fp32", "fp16", "q4_0"] and set(ppl["window"]) == {1}
+    assert (ppl["n"] == 31).all() and ppl.loc[2, "kl_fp32_sum"] > 0 == ppl.loc[0, "kl_fp32_sum"]
+    pk = pd.read_csv(tmp_path / "pk" / "passkey.csv")
+    assert list(pk["variant"]) == ["exact", "fa3:frac_bits=4", "store:q8_0"]
+    assert set(pk["trial"]) == {2} and set(pk["depth"]) == {0.625} and (pk["missing_runs"].isna()).all()

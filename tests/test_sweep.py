@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import sweep_toys
+from kvcost import runner as sweep_runner
 from kvcost import sweep
 from kvcost.sweep import cli, store
 
@@ -231,3 +232,78 @@ def test_list_shows_runs_and_estimates(capsys):
     out = capsys.readouterr().out
     assert "sizing_contexts" in out and "estimated time" in out
     assert cli.duration(30) == "30 s" and cli.duration(600) == "10 min" and cli.duration(7200) == "2.0 h"
+
+
+# ----------------------------------------------------------------------------- script sweeps
+
+def script_sweep(folder, grid, extra="", name="toy_script_sweep"):
+    sweep_toys.write_script(folder)
+    return sweep.load(write_sweep(folder, f"script: toy_script.py\ntable: toy_rows.csv\n{extra}{grid}\n", name=name))
+
+
+def test_script_sweep_flags_are_checked_by_the_scripts_parser_before_anything_runs(tmp_path):
+    s = script_sweep(tmp_path, "product:\n  x: [1, [2, 3]]", extra="params: {loud: true, scale: 0.5}\n")
+    assert s.kind == "script" and s.target == "toy_script.py" and s.table == "toy_rows.csv"
+    assert [r.params for r in s.runs] == [{"loud": True, "scale": 0.5, "x": 1},
+                                          {"loud": True, "scale": 0.5, "x": [2, 3]}]
+    with pytest.raises(ValueError) as err:
+        script_sweep(tmp_path, "product:\n  x: [1, 1001]", name="bad")
+    assert "run 1 (x=1001)" in str(err.value) and "argument --x: must be in [0, 1000], got 1001" in str(err.value)
+    with pytest.raises(ValueError, match="unrecognized arguments: --colour"):
+        script_sweep(tmp_path, "product:\n  x: [1]", extra="params: {colour: red}\n", name="bad")
+    with pytest.raises(ValueError, match="'out' is chosen by the runner"):
+        script_sweep(tmp_path, "product:\n  x: [1]", extra="params: {out: here.csv}\n", name="bad")
+    with pytest.raises(ValueError, match="exactly one of 'notebook' or 'script'"):
+        sweep.load(write_sweep(tmp_path, "script: toy_script.py\nnotebook: 01\n"))
+    with pytest.raises(ValueError, match="'table' must be a CSV file name"):
+        sweep.load(write_sweep(tmp_path, "script: toy_script.py\ntable: a/b.csv\n"))
+    (tmp_path / "no_parser.py").write_text("print('hi')\n")
+    with pytest.raises(ValueError, match="defines no parse_args"):
+        sweep.load(write_sweep(tmp_path, "script: no_parser.py\n"))
+    key = s.runs[0].key
+    (tmp_path / "toy_script.py").write_text(sweep_toys.SCRIPT.replace("toy script", "toy script!"))
+    assert sweep.load(s.path).runs[0].key != key                     # the script's text is in the key
+
+
+def test_script_sweep_runs_resumes_records_failures_and_gathers_tables(tmp_path):
+    counter = tmp_path / "counter.txt"
+    s = script_sweep(tmp_path, "product:\n  x: [1, 2, 3]", extra=f"params: {{counter: '{counter}', fail_at: 2}}\n")
+    out = tmp_path / "out"
+
+    def stop_after_first(run, result):
+        raise KeyboardInterrupt
+
+    first = sweep.run_sweep(s, out, progress=False, on_result=stop_after_first)
+    assert first.interrupted and first.finished == 1
+    second = sweep.run_sweep(s, out, jobs=2, progress=False)
+    assert second.finished_before == 1 and second.finished_now == 1 and not second.complete
+    [(run, error)] = second.failed
+    assert run.index == 1 and error == "exit code 3: toy script failing at 2"
+    assert sorted(counter.read_text().split()) == ["1", "2", "3"]     # run 0 was not executed again
+    assert (out / "toy_rows.csv").read_text() == ("run,param_x,x,scaled,loud,missing_runs\n"
+                                                  "0,1,1,1.0,0,1\n2,3,3,3.0,0,1\n")
+    folder = sweep.run_dir(out, s.runs[2].key)
+    assert sorted(p.name for p in folder.iterdir()) == ["run.json", "run.log", "toy_rows.csv", "toy_rows.json"]
+    rec = json.loads((folder / "run.json").read_text())
+    assert rec["status"] == "finished" and rec["key"] == s.runs[2].key and rec["peak_memory_mib"] > 1
+    log = (folder / "run.log").read_text()
+    assert "toy script [3]" in log and "--fail-at 2 --x 3 --out" in log and "peak memory" in log
+    assert json.loads((folder / "toy_rows.json").read_text())["argv"][:2] == ["--counter", str(counter)]
+
+
+def test_script_sweep_on_a_local_cluster_gives_the_same_table(tmp_path):
+    s = script_sweep(tmp_path, "product:\n  x: [4, 5]", extra="params: {scale: 0.25}\n")
+    on_cluster = sweep.run_sweep(s, tmp_path / "cluster", jobs=2, scheduler="local", progress=False)
+    here = sweep.run_sweep(s, tmp_path / "here", progress=False)
+    assert on_cluster.complete and here.complete, on_cluster.failed
+    assert table_bytes(tmp_path / "cluster") == table_bytes(tmp_path / "here")
+    assert (tmp_path / "here" / "toy_rows.csv").read_text().splitlines()[1:] == ["0,4,4,1.0,0,", "1,5,5,1.25,0,"]
+
+
+@pytest.mark.parametrize("name, flag", [("real_model_ppl", "--window"), ("real_model_passkey", "--trial"),
+                                        ("llamacpp_reference", "--window")])
+def test_real_decoder_grids_are_script_sweeps_one_cell_per_run(name, flag):
+    s = sweep.load(name)
+    assert s.kind == "script" and s.table.endswith(".csv")
+    argv = sweep_runner.script_argv(s.runs[0].params)
+    assert flag in argv and "--out" not in argv

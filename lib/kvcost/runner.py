@@ -8,6 +8,10 @@ renamed into the run's folder only when every cell has run, so an interrupted ru
 leaves half a file. Figures always go to the run's folder (``KVCOST_FIGURE_DIR``), never
 to ``figures/``. ``run.json`` records the outcome, the time taken and the kernel's peak
 memory. The README (sections on re-running and sweeps) shows the layout.
+
+A sweep may also run a script (:func:`run_script`): the same folder, log, ``run.json`` and
+peak memory, with the run's parameters passed as flags (:func:`script_argv`) and ``--out``
+naming the CSV it writes in the staging folder.
 """
 from __future__ import annotations
 
@@ -54,6 +58,8 @@ __all__ = [
     "run_in_child",
     "run_key",
     "run_notebook",
+    "run_script",
+    "script_argv",
     "source_hash",
     "terminate_children",
 ]
@@ -129,6 +135,23 @@ def check_params(stem: str, params: Mapping[str, Any], out: str | Path | None = 
     if "out_dir" in params:
         raise ValueError("parameter 'out_dir' is chosen by the runner (use --out)")
     schema.validate({**params, "out_dir": str(out or tempfile.gettempdir())})
+
+
+def script_argv(params: Mapping[str, Any]) -> list[str]:
+    """A script run's flags: ``first_trial=3`` -> ``--first-trial 3``; a list gives several values,
+    ``True`` the bare flag, ``False`` or ``None`` nothing."""
+    argv: list[str] = []
+    for name, value in params.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
 
 
 def parse_value(text: str) -> Any:
@@ -244,6 +267,50 @@ def run_notebook(nb: Path, params: Mapping[str, Any], out: Path, *, kernel: str 
     return result
 
 
+def run_script(script: Path, params: Mapping[str, Any], out: Path, *, table: str, stem: str | None = None,
+               key: str = "") -> RunResult:
+    """Run ``python script <flags> --out <staging>/<table>`` from the repository root into folder
+    ``out``, as :func:`run_notebook` runs a notebook: its output to this process's stdout (the run's
+    log), its files renamed into ``out`` only when it exits with 0, ``run.json`` last."""
+    stem = stem or script.stem
+    out = Path(out).resolve()
+    staging = out / STAGING
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    result = RunResult(stem, dict(params), key, "failed", host=os.uname().nodename)
+    cmd = [sys.executable, str(script), *script_argv(params), "--out", str(staging / table)]
+    print("$ " + " ".join(cmd[1:]), flush=True)
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    tail: list[str] = []
+    try:
+        with _PeakMemory() as mem:
+            proc = subprocess.Popen(cmd, cwd=repo_root(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, errors="replace")
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                if line.strip():
+                    tail = [*tail[-4:], line.rstrip()]
+            code = proc.wait()
+        if code == 0:
+            result.status = "finished"
+        else:
+            result.error = f"exit code {code}: {tail[-1] if tail else '(no output)'}"
+    finally:
+        result.seconds = round(time.perf_counter() - start, 1)
+    result.peak_memory_mib = round(mem.peak / MIB, 1)
+    result.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
+    if result.status == "finished":
+        for item in sorted(staging.iterdir()):
+            os.replace(item, out / item.name)
+    shutil.rmtree(staging, ignore_errors=True)
+    result.files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != RESULT_FILE)
+    print(f"{result.status} in {result.seconds:g} s; peak memory {result.peak_memory_mib:g} MiB "
+          f"(script, resident){'; ' + result.error if result.error else ''}", flush=True)
+    atomic_write(out / RESULT_FILE, json.dumps(asdict(result), indent=1) + "\n")
+    return result
+
+
 # --------------------------------------------------------------------------- in a child process
 
 _CHILDREN: set[subprocess.Popen] = set()
@@ -272,13 +339,15 @@ def terminate_children() -> None:
 
 
 def run_in_child(nb: Path, params: Mapping[str, Any], out: Path, *, kernel: str = "python3",
-                 stem: str | None = None) -> RunResult:
-    """:func:`run_notebook` in a fresh process of its own session (Ctrl-C reaches only the
-    caller, which stops it with :func:`terminate_children`); its output goes to ``run.log``."""
+                 stem: str | None = None, table: str | None = None, key: str = "") -> RunResult:
+    """:func:`run_notebook` (:func:`run_script` when ``table`` is given: ``nb`` is a script) in
+    a fresh process of its own session (Ctrl-C reaches only the caller, which stops it with
+    :func:`terminate_children`); its output goes to ``run.log``."""
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT_FILE).unlink(missing_ok=True)
-    spec = {"nb": str(nb), "params": dict(params), "out": str(out), "kernel": kernel, "stem": stem or nb.stem}
+    spec = {"nb": str(nb), "params": dict(params), "out": str(out), "kernel": kernel, "stem": stem or nb.stem,
+            "table": table, "key": key}
     with open(out / LOG_FILE, "wb") as log, _CHILDREN_LOCK:
         if _STOP.is_set():
             return RunResult(spec["stem"], dict(params), "", "interrupted", error="not started")
@@ -302,7 +371,7 @@ def run_in_child(nb: Path, params: Mapping[str, Any], out: Path, *, kernel: str 
         return RunResult(**json.loads((out / RESULT_FILE).read_text()))
     except FileNotFoundError:
         status = "interrupted" if code in (-signal.SIGTERM, 128 + signal.SIGTERM) else "failed"
-        return RunResult(spec["stem"], dict(params), run_key(source_hash(nb), params), status,
+        return RunResult(spec["stem"], dict(params), key or run_key(source_hash(nb), params), status,
                          error=f"the run's process exited with code {code} (see {LOG_FILE})")
 
 
@@ -311,18 +380,22 @@ def execute_run(task: Mapping[str, Any]) -> dict[str, Any]:
     with the task; the run goes to a temporary folder and its files come back as bytes.
 
     ``task``: ``stem``, ``source`` (the notebook's JSON text), ``params``, ``kernel``,
-    ``kvcost_version`` (a worker with another version refuses the run).
+    ``kvcost_version`` (a worker with another version refuses the run); for a script,
+    ``table`` (the CSV it writes) and ``key``, and ``source`` is the script's text, run from the
+    worker's repository root with its installed kvcost.
     Returns ``{"result": RunResult as dict, "files": {name: bytes}}``.
     """
     if task.get("kvcost_version", __version__) != __version__:
         error = f"this worker has kvcost {__version__}, the sweep was submitted with {task['kvcost_version']}"
         return {"result": asdict(RunResult(task["stem"], dict(task["params"]), "", "failed", error=error,
                                            host=os.uname().nodename)), "files": {}}
+    table = task.get("table")
     with tempfile.TemporaryDirectory(prefix="kvcost-run-") as tmp:
-        nb = Path(tmp) / f"{task['stem']}.ipynb"
+        nb = Path(tmp) / f"{task['stem']}{'.py' if table else '.ipynb'}"
         nb.write_text(task["source"])
         out = Path(tmp) / "run"
-        result = run_in_child(nb, task["params"], out, kernel=task.get("kernel", "python3"), stem=task["stem"])
+        result = run_in_child(nb, task["params"], out, kernel=task.get("kernel", "python3"), stem=task["stem"],
+                              table=table, key=task.get("key", ""))
         files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and p.name != RESULT_FILE}
     return {"result": asdict(result), "files": files}
 
@@ -349,8 +422,12 @@ def _child_main(spec_json: str) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     threading.Thread(target=orphan_watch, daemon=True).start()
-    result = run_notebook(Path(spec["nb"]), spec["params"], Path(spec["out"]), kernel=spec["kernel"],
-                          stem=spec["stem"])
+    if spec.get("table"):
+        result = run_script(Path(spec["nb"]), spec["params"], Path(spec["out"]), table=spec["table"],
+                            stem=spec["stem"], key=spec.get("key", ""))
+    else:
+        result = run_notebook(Path(spec["nb"]), spec["params"], Path(spec["out"]), kernel=spec["kernel"],
+                              stem=spec["stem"])
     return 0 if result.status == "finished" else 1
 
 

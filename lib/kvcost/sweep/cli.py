@@ -49,9 +49,9 @@ def _list() -> int:
             continue
         out = sweep.default_out()
         done = sum(state(out, run.key) == "finished" for run in sweep.runs)
-        rows.append((sweep.name, sweep.stem, str(len(sweep.runs)), f"{done}",
+        rows.append((sweep.name, sweep.target, str(len(sweep.runs)), f"{done}",
                      f"{_estimate(sweep, out, len(sweep.runs))}  {sweep.description}"))
-    head = ("sweep", "notebook", "runs", "finished", "estimated time (one run at a time)  description")
+    head = ("sweep", "notebook/script", "runs", "finished", "estimated time (one run at a time)  description")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
     for row in [head, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4])
@@ -60,7 +60,8 @@ def _list() -> int:
 
 def _status(sweep: Sweep, out: Path) -> int:
     counts = {"finished": 0, "failed": 0, "not run": 0}
-    print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.stem} in {_shown(out)}/")
+    print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.target} "
+          f"in {_shown(out)}/")
     for run in sweep.runs:
         st = state(out, run.key)
         counts[st] += 1
@@ -119,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "status":
             return _status(sweep, out)
         jobs = args.jobs or ((os.cpu_count() or 1) if args.scheduler == "local" else 1)
-        print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.stem} -> {_shown(out)}/", flush=True)
+        print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.target} -> {_shown(out)}/", flush=True)
         outcome = run_sweep(sweep, out, jobs=jobs, scheduler=args.scheduler, retry_failed=args.retry_failed,
                             kernel=args.kernel, progress=not args.no_progress)
         return _report(sweep, out, outcome, "python -m kvcost.sweep " + shlex.join(argv))

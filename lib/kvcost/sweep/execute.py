@@ -1,7 +1,7 @@
 """Run a sweep's pending runs: one at a time, ``jobs`` at once here, or on a Dask cluster.
 
-Every run executes :func:`kvcost.runner.execute_run` (papermill in a kernel of its own, in a
-temporary folder); its files come back as bytes and are saved here by the calling process
+Every run executes :func:`kvcost.runner.execute_run` (papermill in a kernel of its own, or the
+sweep's script, in a temporary folder); its files come back as bytes and are saved here by the calling process
 only, so the results are the same bytes whichever way the runs were scheduled.
 """
 from __future__ import annotations
@@ -136,8 +136,9 @@ def run_sweep(sweep: Sweep, out: Path | None = None, *, jobs: int = 1, scheduler
     todo, skipped, done = pending(sweep, out, retry_failed)
     outcome = Outcome(len(sweep.runs), done, failed_skipped=skipped)
     source = sweep.nb.read_text()
+    script = {"table": sweep.table} if sweep.kind == "script" else {}
     tasks = {run.key: {"stem": sweep.stem, "source": source, "params": run.params, "kernel": kernel,
-                       "kvcost_version": __version__} for run in todo}
+                       "kvcost_version": __version__, "key": run.key, **script} for run in todo}
     bar = tqdm(total=len(todo), unit="run", desc=sweep.name, file=sys.stderr, disable=not progress or not todo,
                dynamic_ncols=True)
 

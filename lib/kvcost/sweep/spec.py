@@ -1,4 +1,4 @@
-"""A sweep as data: a YAML file naming a notebook, fixed parameters and a grid.
+"""A sweep as data: a YAML file naming a notebook (or a script), fixed parameters and a grid.
 
     notebook: 01_sizing            # number, stem or path
     description: the post's sizing table at five context lengths
@@ -7,11 +7,28 @@
     zip: {seed: [7, 8], trials: [10, 20]}  # ... times these lists advanced together
     seconds_per_run: 20            # optional: the estimate `list` shows before a run was measured
 
+A sweep may run a **script** instead of a notebook, for grids whose runs need what a notebook
+kernel should not hold (the real decoder's torch model, llama.cpp):
+
+    script: scripts/real_model_ppl.py   # relative to this file or to the repository root
+    table: ppl_windows.csv              # the CSV the script writes at --out (default <script>.csv)
+    params: {context: 2048}             # each parameter becomes a flag: context -> --context 2048,
+    product: {window: [0, 1, 2, 3]}     # a list -> several values, true -> the bare flag
+
+The script must define ``parse_args(argv)`` (argparse: it exits with a message on a bad flag),
+which the sweep calls on every run's flags before anything runs, and write its rows to the CSV
+named by ``--out`` (and any provenance beside it). See docs/sweeps.md.
+
 Runs are numbered in grid order: the product's last key varies fastest, the zip innermost.
-Every run's parameters are checked against the notebook's schema when the sweep loads.
+Every run's parameters are checked against the notebook's schema (a script's parser) when the
+sweep loads.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.util
+import io
 import itertools
 import json
 from collections.abc import Mapping
@@ -22,11 +39,11 @@ from typing import Any
 import yaml
 
 from ..output import repo_root
-from ..runner import check_params, notebook_path, run_key, source_hash
+from ..runner import check_params, notebook_path, run_key, script_argv, source_hash
 
 __all__ = ["Run", "Sweep", "available", "describe", "expand", "load", "sweeps_dir"]
 
-_KEYS = {"notebook", "description", "params", "product", "zip", "seconds_per_run"}
+_KEYS = {"notebook", "script", "table", "description", "params", "product", "zip", "seconds_per_run"}
 
 
 @dataclass(frozen=True)
@@ -42,17 +59,28 @@ class Run:
 class Sweep:
     name: str
     path: Path
-    nb: Path                           # the notebook file
+    nb: Path                           # the notebook file, or the script (a .py file)
     description: str = ""
     fixed: dict[str, Any] = field(default_factory=dict)
     product: dict[str, list[Any]] = field(default_factory=dict)
     zip: dict[str, list[Any]] = field(default_factory=dict)
     seconds_per_run: float | None = None
     runs: list[Run] = field(default_factory=list)
+    table: str = ""                    # a script's CSV (scripts only)
 
     @property
     def stem(self) -> str:
         return self.nb.stem
+
+    @property
+    def kind(self) -> str:
+        """``notebook`` or ``script``."""
+        return "script" if self.nb.suffix == ".py" else "notebook"
+
+    @property
+    def target(self) -> str:
+        """What each run executes, as shown: the notebook's stem or the script's file name."""
+        return self.nb.name if self.kind == "script" else self.stem
 
     @property
     def grid_names(self) -> list[str]:
@@ -128,22 +156,38 @@ def load(name_or_path: str | Path) -> Sweep:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: must be a YAML mapping with at least 'notebook'")
     unknown = sorted(set(data) - _KEYS)
-    if unknown or "notebook" not in data:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; a sweep has 'notebook' and optionally "
-                         f"{sorted(_KEYS - {'notebook'})}" if unknown else f"{where}: 'notebook' is missing")
-    name = data["notebook"]    # YAML reads `notebook: 04` as the number 4
-    nb = Path(f"{name:02d}" if isinstance(name, int) and not isinstance(name, bool) else str(name))
-    nb = notebook_path(path.parent / nb if (path.parent / nb).is_file() else nb)   # a path may be relative to the file
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; a sweep has 'notebook' or 'script' and optionally "
+                         f"{sorted(_KEYS - {'notebook', 'script'})}")
+    if ("notebook" in data) == ("script" in data):
+        raise ValueError(f"{where}: name exactly one of 'notebook' or 'script'")
+    if "script" in data:
+        nb = _script_path(data["script"], path, where)
+        table = data.get("table") or f"{nb.stem}.csv"
+        if not isinstance(table, str) or Path(table).name != table or not table.endswith(".csv"):
+            raise ValueError(f"{where}: 'table' must be a CSV file name (no folder), got {table!r}")
+    else:
+        if "table" in data:
+            raise ValueError(f"{where}: 'table' is for scripts; a notebook names its tables itself")
+        name = data["notebook"]    # YAML reads `notebook: 04` as the number 4
+        nb = Path(f"{name:02d}" if isinstance(name, int) and not isinstance(name, bool) else str(name))
+        nb = notebook_path(path.parent / nb if (path.parent / nb).is_file() else nb)   # relative to the file
+        table = ""
     seconds = data.get("seconds_per_run")
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0):
         raise ValueError(f"{where}: 'seconds_per_run' must be a positive number, got {seconds!r}")
     sweep = Sweep(path.stem, path.resolve(), nb, str(data.get("description") or ""),
                   _mapping(data, "params", where), _mapping(data, "product", where), _mapping(data, "zip", where),
-                  seconds)
-    nb_hash = source_hash(nb)
+                  seconds, table=table)
+    if sweep.kind == "script":
+        nb_hash = hashlib.sha256(nb.read_bytes()).hexdigest()
+        check = _script_checker(nb, where)
+    else:
+        nb_hash = source_hash(nb)
+        check = lambda params: check_params(sweep.stem, params)
     for i, params in enumerate(expand(sweep.fixed, sweep.product, sweep.zip, where)):
         try:
-            check_params(sweep.stem, params)
+            check(params)
         except ValueError as err:
             raise ValueError(f"{where}, run {i} ({describe(params, sweep.grid_names)}): {err}") from None
         key = run_key(nb_hash, params)
@@ -152,3 +196,41 @@ def load(name_or_path: str | Path) -> Sweep:
             raise ValueError(f"{where}: run {i} ({describe(params, sweep.grid_names)}) repeats run {same[0]}")
         sweep.runs.append(Run(i, params, key))
     return sweep
+
+
+def _script_path(value: Any, sweep_file: Path, where: str) -> Path:
+    """A sweep's script: relative to the sweep file, else to the repository root."""
+    if not isinstance(value, str) or not value.endswith(".py"):
+        raise ValueError(f"{where}: 'script' must be the path of a Python file, got {value!r}")
+    for base in (sweep_file.parent, repo_root()):
+        candidate = base / value
+        if candidate.is_file():
+            return candidate.resolve()
+    raise ValueError(f"{where}: script {value!r} not found next to the sweep file or in the repository")
+
+
+def _script_checker(script: Path, where: str) -> Any:
+    """``check(params)``: the script's own ``parse_args`` on the run's flags (ValueError with its message)."""
+    name = "kvcost_sweep_script_" + hashlib.sha256(str(script).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        raise ValueError(f"{where}: script {script.name} does not import: {type(err).__name__}: {err}") from None
+    parse = getattr(module, "parse_args", None)
+    if not callable(parse):
+        raise ValueError(f"{where}: script {script.name} defines no parse_args(argv) to check the runs' flags with")
+
+    def check(params: dict[str, Any]) -> None:
+        if "out" in params:
+            raise ValueError("parameter 'out' is chosen by the runner (use --out)")
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+                parse([*script_argv(params), "--out", "run.csv"])
+        except SystemExit:
+            lines = [ln for ln in stderr.getvalue().splitlines() if ln.strip()]
+            raise ValueError(lines[-1] if lines else "the script's parse_args refused the flags") from None
+
+    return check
