@@ -17,7 +17,7 @@ kernel should not hold (the real decoder's torch model, llama.cpp):
 
 The script must define ``parse_args(argv)`` (argparse: it exits with a message on a bad flag),
 which the sweep calls on every run's flags before anything runs, and write its rows to the CSV
-named by ``--out`` (and any provenance beside it). See docs/sweeps.md.
+named by ``--out`` (and any provenance beside it). The README's Sweeps section shows both kinds.
 
 Runs are numbered in grid order: the product's last key varies fastest, the zip innermost.
 Every run's parameters are checked against the notebook's schema (a script's parser) when the
