@@ -122,7 +122,9 @@ def test_passkey_prompt_and_variants():
     assert 1800 < len(text) <= 2000
     assert pk.parse_variant("fa3:frac_bits=7,flush_every=1") == ("fa3", {"frac_bits": 7, "flush_every": 1})
     assert pk.parse_variant("store:q4_0+hadamard") == ("store", {"fmt": "q4_0+hadamard"})
-    for bad in ("fa2", "fa3:bits=7", "store:q3"):
+    assert pk.parse_variant("fa3:rows=answer,frac_bits=5") == ("fa3", {"rows": "answer", "frac_bits": 5})
+    assert pk.parse_variant("fa3:rows=tail") == ("fa3", {})
+    for bad in ("fa2", "fa3:bits=7", "store:q3", "fa3full:rows=answer", "fa3:rows=all"):
         with pytest.raises(ValueError):
             pk.parse_variant(bad)
     with pytest.raises(ValueError, match="'depth'"):
@@ -212,7 +214,8 @@ def test_real_decoder_scripts_run_as_sweeps_on_a_small_slice(tmp_path):
                                        "product: {window: [1]}\n")
     (tmp_path / "pk.yaml").write_text("script: scripts/real_model_passkey.py\ntable: passkey.csv\n"
                                       "params: {context: [256], trials: 4, threads: 1,\n"
-                                      "         variants: [exact, 'fa3:frac_bits=4', 'store:q8_0']}\n"
+                                      "         variants: [exact, 'fa3:frac_bits=4', 'store:q8_0', fa3,\n"
+                                      "                    'fa3:rows=answer']}\n"
                                       "product: {trial: [2]}\n")
     for name in ("ppl", "pk"):
         outcome = sweep.run_sweep(sweep.load(tmp_path / f"{name}.yaml"), tmp_path / name, progress=False)
@@ -221,5 +224,29 @@ def test_real_decoder_scripts_run_as_sweeps_on_a_small_slice(tmp_path):
     assert list(ppl["format"]) == ["fp32", "fp16", "q4_0"] and set(ppl["window"]) == {1}
     assert (ppl["n"] == 31).all() and ppl.loc[2, "kl_fp32_sum"] > 0 == ppl.loc[0, "kl_fp32_sum"]
     pk = pd.read_csv(tmp_path / "pk" / "passkey.csv")
-    assert list(pk["variant"]) == ["exact", "fa3:frac_bits=4", "store:q8_0"]
+    assert list(pk["variant"]) == ["exact", "fa3:frac_bits=4", "store:q8_0", "fa3", "fa3:rows=answer"]
+    by = pk.set_index("variant")
+    # at 256 tokens the 13-bit kernel keeps the passkey as exact attention does, emulating the question
+    # and answer rows or the answer rows only, and moves the answer's logit margin by little
+    assert by.loc["fa3", "success"] == by.loc["fa3:rows=answer", "success"] == by.loc["exact", "success"]
+    assert abs(by.loc["fa3:rows=answer", "margin"] - by.loc["exact", "margin"]) < 0.5
     assert set(pk["trial"]) == {2} and set(pk["depth"]) == {0.625} and (pk["missing_runs"].isna()).all()
+
+
+def test_fa3_attention_reuses_stored_keys_with_the_same_result():
+    """K/V stored in e4m3 once per layer and reused while the cache grows: the attention output is
+    bit-identical to storing every call's K/V afresh, and a changed prefix is stored again."""
+    from kvcost import fa3
+
+    rng = np.random.default_rng(3)
+    attn = pk.FA3Attention()
+    k, v = (rng.normal(0, 2, (3, 200, 64)).astype(np.float32) for _ in range(2))
+    q = rng.normal(0, 1, (9, 5, 64)).astype(np.float32)
+    for n in (150, 200):                                   # the second call shares 150 keys with the first
+        sk, sv = attn.stored_kv(0, k[:, :n], v[:, :n])
+        assert np.array_equal(sk, fa3.store(k[:, :n], "e4m3")) and np.array_equal(sv, fa3.store(v[:, :n], "e4m3"))
+        got = fa3.attend(q, sk, sv, causal=True, kv_format="exact", frac_bits=6)
+        assert np.array_equal(got, fa3.attend(q, k[:, :n], v[:, :n], causal=True, frac_bits=6))
+    k2 = k.copy()
+    k2[1, 10, 3] += 1.0                                    # an earlier key differs: nothing is reused
+    assert np.array_equal(attn.stored_kv(0, k2, v)[0], fa3.store(k2, "e4m3"))

@@ -25,7 +25,7 @@ from .. import quant, realkv, stats
 from ..output import repo_root
 
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
-           "format_table", "head_summary", "live_slice", "llamacpp_comparison", "load_provenance", "load_windows",
+           "fast_vs_faithful_summary", "format_table", "head_summary", "live_slice", "llamacpp_comparison", "load_provenance", "load_windows",
            "passkey_table"]
 
 DATA = Path("data") / "real_model"
@@ -172,25 +172,48 @@ def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def fast_vs_faithful(df: pd.DataFrame) -> pd.DataFrame:
-    """Trials run in both modes: per (context, trial) and kernel setting, the answer-logit margin
-    and success of the fast mode (``fa3[...]``: question and answer rows emulated) beside the
-    faithful mode (``fa3full[...]``: every row of every layer) and exact attention."""
+    """Trials run in both modes: per (context, trial) and fast-mode variant, the answer-logit margin
+    and success of the fast mode (``fa3[...]``: question and answer rows emulated, or with
+    ``rows=answer`` only the answer's) beside the faithful mode with the same kernel options
+    (``fa3full[...]``: every row of every layer) and exact attention."""
+    def options(variant: str) -> frozenset[str]:
+        opts = variant.partition(":")[2]
+        return frozenset(o for o in opts.split(",") if o and not o.startswith("rows="))
+
     rows = []
     for (c, t), g in df.groupby(["context", "trial"]):
         by = g.set_index("variant")
-        for v in by.index:
-            if not v.startswith("fa3full"):
+        faithful = {options(v): v for v in by.index if v.startswith("fa3full")}
+        for fast in by.index:
+            if not (fast == "fa3" or fast.startswith("fa3:")) or options(fast) not in faithful:
                 continue
-            fast = "fa3" + v[len("fa3full"):]
-            if fast not in by.index:
-                continue
-            rows.append({"context": int(c), "trial": int(t), "kernel": fast,
+            v = faithful[options(fast)]
+            rows.append({"context": int(c), "trial": int(t), "kernel": fast, "faithful": v,
                          "exact_margin": float(by.loc["exact", "margin"]) if "exact" in by.index else math.nan,
                          "fast_margin": float(by.loc[fast, "margin"]), "faithful_margin": float(by.loc[v, "margin"]),
                          "fast_success": bool(by.loc[fast, "success"]),
                          "faithful_success": bool(by.loc[v, "success"]),
                          "fast_seconds": float(by.loc[fast, "seconds"]),
                          "faithful_seconds": float(by.loc[v, "seconds"])})
+    return pd.DataFrame(rows)
+
+
+def fast_vs_faithful_summary(both: pd.DataFrame) -> pd.DataFrame:
+    """Per fast-mode variant over its trials: how often fast and faithful agree on success, and how
+    much the fast mode overstates the answer margin (fast minus faithful: median and largest),
+    with the median seconds of each mode."""
+    if both.empty:
+        return pd.DataFrame()
+    rows = []
+    for (c, kernel), g in both.groupby(["context", "kernel"], sort=False):
+        gap = g["fast_margin"] - g["faithful_margin"]
+        rows.append({"context": int(c), "kernel": kernel, "faithful": g["faithful"].iloc[0], "trials": len(g),
+                     "same_outcome": int((g["fast_success"] == g["faithful_success"]).sum()),
+                     "fast_successes": int(g["fast_success"].sum()),
+                     "faithful_successes": int(g["faithful_success"].sum()),
+                     "margin_gap_median": float(gap.median()), "margin_gap_max": float(gap.max()),
+                     "fast_seconds": float(g["fast_seconds"].median()),
+                     "faithful_seconds": float(g["faithful_seconds"].median())})
     return pd.DataFrame(rows)
 
 

@@ -15,8 +15,9 @@ Variants of one trial (:data:`VARIANTS` holds the spellings):
 - ``fa3[:k=v,...]``: FlashAttention-3's FP8 forward pass (kvcost.fa3.attend: Q, K, V in e4m3 at
   scale 1.0, P in e4m3, P·V on the tensor core with ``frac_bits``, ``flush_every``) for the
   question and answer rows of every layer, earlier rows exact (fast mode; the exact prefix is
-  computed once per trial and shared); ``fa3full[...]`` runs every row of every layer through it
-  (faithful mode).
+  computed once per trial and shared); ``fa3:rows=answer[,...]`` emulates only the rows that
+  predict the answer (the last ``n_answer + 1``: the question itself exact too), the cheapest
+  mode; ``fa3full[...]`` runs every row of every layer through it (faithful mode).
 
 torch and transformers are imported where used (the ``[real-model]`` extra).
 """
@@ -30,7 +31,11 @@ import numpy as np
 
 from .. import fa3, realmodel
 
-__all__ = ["HAYSTACK", "KEYS", "Prompt", "build_prompt", "parse_variant", "FA3Attention", "run_trial"]
+__all__ = ["HAYSTACK", "KEYS", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention", "run_trial"]
+
+#: Which rows a fast-mode variant emulates: ``tail`` (the question and the answer) or ``answer``
+#: (the last ``n_answer + 1`` rows, those whose logits are scored).
+ROWS = ("tail", "answer")
 
 #: RULER's "noise" haystack sentence (the passkey task of Mohtashami & Jaggi, 2023).
 HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -84,7 +89,8 @@ def build_prompt(tok: Any, context: int, depth: float, seed: int) -> Prompt:
 
 def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
     """``(kind, options)`` of a variant name: ``exact``, ``store:<fmt>``, ``fa3[:k=v,...]``,
-    ``fa3full[:k=v,...]`` (options: ``frac_bits``, ``flush_every``, ``p_format``)."""
+    ``fa3full[:k=v,...]`` (options: ``frac_bits``, ``flush_every``, ``p_format``, and for
+    ``fa3`` ``rows``: ``tail`` (question and answer, the default) or ``answer``)."""
     if name == "exact":
         return "exact", {}
     if name.startswith("store:"):
@@ -101,6 +107,12 @@ def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
             out[k] = int(v)
         elif k == "p_format":
             out[k] = v
+        elif k == "rows" and kind == "fa3" and v in ROWS:
+            if v != "tail":
+                out[k] = v
+        elif k == "rows":
+            raise ValueError(f"parameter 'variant': rows={v!r} in {name!r}: fa3 takes rows in {list(ROWS)}, "
+                             "fa3full emulates every row")
         else:
             raise ValueError(f"parameter 'variant': unknown option {k!r} in {name!r}")
     return kind, out
@@ -110,6 +122,9 @@ class FA3Attention:
     """A transformers attention function: kvcost.fa3.attend while ``active``, else SDPA.
 
     Register it (:meth:`register`) and switch ``active`` / ``options`` between forward passes.
+    K and V are stored in e4m3 (the kernel's cache) once per layer and reused while the cache
+    they came from only grows: the keys a later call shares with the last one are not rounded
+    again (the same values, so the same result, as storing them every call).
     """
 
     NAME = "kvcost_fa3"
@@ -118,6 +133,21 @@ class FA3Attention:
         self.active = False
         self.options: dict[str, Any] = {}
         self.calls = 0
+        self._stored: dict[int, tuple[np.ndarray, ...]] = {}
+
+    def stored_kv(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``k``, ``v`` (kv_heads, n, d) float32 as the FP8 cache holds them (fa3.store, e4m3)."""
+        n0 = 0
+        old = self._stored.get(layer)
+        if old is not None:
+            m = min(old[0].shape[1], k.shape[1])
+            if np.array_equal(old[0][:, :m], k[:, :m]) and np.array_equal(old[1][:, :m], v[:, :m]):
+                n0 = m
+        sk, sv = (fa3.store(x[:, n0:], "e4m3") for x in (k, v))
+        if n0:
+            sk, sv = np.concatenate([old[2][:, :n0], sk], axis=1), np.concatenate([old[3][:, :n0], sv], axis=1)
+        self._stored[layer] = (k.copy(), v.copy(), sk, sv)
+        return sk, sv
 
     def __call__(self, module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
                  **kwargs: Any) -> tuple[Any, None]:
@@ -132,8 +162,9 @@ class FA3Attention:
                 attention_mask = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)[None, None]
             return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         self.calls += 1
-        out = fa3.attend(query[0].detach().numpy(), key[0].detach().numpy(), value[0].detach().numpy(),
-                         causal=True, softmax_scale=scaling, **self.options)
+        k, v = self.stored_kv(module.layer_idx, key[0].detach().numpy(), value[0].detach().numpy())
+        out = fa3.attend(query[0].detach().numpy(), k, v, causal=True, softmax_scale=scaling, kv_format="exact",
+                         **self.options)
         return torch.from_numpy(out.astype(np.float32)).transpose(0, 1).unsqueeze(0), None
 
     def register(self, model: Any) -> None:
@@ -144,8 +175,8 @@ class FA3Attention:
 
 
 def _score(logits: Any, tail: list[int], n_answer: int) -> dict[str, Any]:
-    """Teacher-forced check of the answer rows: ``logits`` (len(tail), vocab) for the tail rows,
-    where row i predicts tail[i + 1]."""
+    """Teacher-forced check of the answer rows: ``logits`` (rows, vocab) for the last rows of the
+    tail (at least ``n_answer + 1``), where each row predicts the next tail token."""
     ans = np.asarray(tail[-n_answer:])
     rows = logits[-n_answer - 1:-1].detach().numpy().astype(np.float64)
     top = rows.argmax(axis=1)
@@ -181,8 +212,14 @@ def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str
                 extra = shared.get_seq_length() - n_pre
                 if extra > 0:
                     shared.crop(-extra)
+                opt = dict(opt)
+                start = n_pre
+                if opt.pop("rows", "tail") == "answer":      # the question's rows exact as well
+                    start = full.shape[1] - prompt.n_answer - 1
+                    attn.active = False
+                    model(full[:, n_pre:start], past_key_values=shared, use_cache=True, logits_to_keep=1)
                 attn.active, attn.options = kind == "fa3", opt
-                logits = model(full[:, n_pre:], past_key_values=shared, use_cache=True).logits[0]
+                logits = model(full[:, start:], past_key_values=shared, use_cache=True).logits[0]
             elif kind == "store":
                 attn.active = False
                 cache = realmodel.StoredCache(opt["fmt"])
