@@ -25,8 +25,8 @@ from .. import quant, realkv, stats
 from ..output import repo_root
 
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
-           "fast_vs_faithful_summary", "format_table", "head_summary", "live_slice", "llamacpp_comparison", "load_provenance", "load_windows",
-           "passkey_table"]
+           "fast_vs_faithful_summary", "format_table", "head_summary", "live_slice", "llamacpp_comparison",
+           "load_provenance", "load_windows", "passkey_table"]
 
 DATA = Path("data") / "real_model"
 #: KL agreement: llama.cpp's KL minus its own floor (its bf16-cache KL on the same windows: Q rounded to
