@@ -196,8 +196,17 @@ def test_register_failure_scaling_law():
     df = pd.DataFrame([{"context": 1024, "trial": i, "variant": v, "success": int(i < k), "margin": 0.0}
                        for v, k in rows for i in range(20)])
     c = claims.register_failure(real.passkey_table(df), 1024)
-    assert "collapses at frac_bits 2" in c.computed and f"{1024 * 2 ** 11:,}" in c.computed
-    assert c.agrees is False                            # 2,097,152 tokens > 128k
+    assert "1024 tokens: frac_bits 2, x_c = 256" in c.computed and f"{1024 * 2 ** 11:,}" in c.computed
+    assert "one context" in c.computed and c.agrees is False          # 2,097,152 tokens > 128k
+    # a second context collapsing one bit higher at twice the length: the same x_c, as the law says
+    rows2 = [("exact", 20), ("fa3", 20), ("fa3:frac_bits=4", 15), ("fa3:frac_bits=3", 4)]
+    df2 = pd.concat([df, pd.DataFrame([{"context": 2048, "trial": i, "variant": v, "success": int(i < k),
+                                        "margin": 0.0} for v, k in rows2 for i in range(20)])])
+    col = real.collapse_table(real.passkey_table(df2))
+    assert list(col["collapse_bits"]) == [2, 3] and list(col["x_c"]) == [256.0, 256.0]
+    assert list(col["lowest_bits_holding"]) == [4, 4]
+    two = claims.register_failure(real.passkey_table(df2))
+    assert "x_c within a factor 1 across 2 contexts" in two.computed and f"{2048 * 2 ** 10:,}" in two.computed
     none = claims.register_failure(real.passkey_table(df[df["variant"] != "fa3:frac_bits=2"]), 1024)
     assert "no collapse down to frac_bits 4" in none.computed
     assert claims.register_failure(real.passkey_table(df[df["variant"] == "exact"]), 1024) is None
@@ -250,3 +259,25 @@ def test_fa3_attention_reuses_stored_keys_with_the_same_result():
     k2 = k.copy()
     k2[1, 10, 3] += 1.0                                    # an earlier key differs: nothing is reused
     assert np.array_equal(attn.stored_kv(0, k2, v)[0], fa3.store(k2, "e4m3"))
+
+
+def test_passkey_pivot_and_fast_vs_faithful_pairing():
+    variants = ["store:q4_0", "fa3:frac_bits=5", "exact", "fa3full", "fa3:flush_every=1", "fa3",
+                "fa3:rows=answer", "fa3:rows=answer,frac_bits=5", "fa3full:frac_bits=5", "fa3:frac_bits=8"]
+    df = pd.DataFrame([{"context": c, "trial": t, "variant": v, "success": int(t % 2 == 0 or v == "exact"),
+                        "margin": float(t) + (0.5 if v == "fa3" or v.startswith("fa3:") else 0.0), "seconds": 1.0}
+                       for c in (1024, 2048) for t in range(2) for v in variants
+                       if not (c == 2048 and v.startswith("store"))])
+    piv = real.passkey_pivot(real.passkey_table(df))
+    assert list(piv.index) == ["exact", "fa3", "fa3:frac_bits=8", "fa3:frac_bits=5", "fa3:flush_every=1",
+                               "fa3:rows=answer", "fa3:rows=answer,frac_bits=5", "fa3full", "fa3full:frac_bits=5",
+                               "store:q4_0"]
+    assert list(piv.columns) == ["1024 tokens", "2048 tokens"]
+    assert piv.loc["exact", "1024 tokens"] == "2/2 = 100% [34%, 100%]" and piv.loc["store:q4_0", "2048 tokens"] == ""
+    both = real.fast_vs_faithful(df)
+    pairs = set(zip(both["kernel"], both["faithful"]))
+    assert pairs == {("fa3", "fa3full"), ("fa3:rows=answer", "fa3full"), ("fa3:frac_bits=5", "fa3full:frac_bits=5"),
+                     ("fa3:rows=answer,frac_bits=5", "fa3full:frac_bits=5")}
+    summ = real.fast_vs_faithful_summary(both)
+    assert len(summ) == 8 and (summ["trials"] == 2).all() and (summ["same_outcome"] == 2).all()
+    assert np.allclose(summ["margin_gap_median"], 0.5) and np.allclose(summ["margin_gap_max"], 0.5)

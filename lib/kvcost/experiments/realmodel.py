@@ -26,7 +26,7 @@ from ..output import repo_root
 
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
            "fast_vs_faithful_summary", "format_table", "head_summary", "live_slice", "llamacpp_comparison",
-           "load_provenance", "load_windows", "passkey_table"]
+           "collapse_table", "frac_bits_of", "load_provenance", "load_windows", "passkey_pivot", "passkey_table"]
 
 DATA = Path("data") / "real_model"
 #: KL agreement: llama.cpp's KL minus its own floor (its bf16-cache KL on the same windows: Q rounded to
@@ -168,6 +168,57 @@ def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
         lo, hi = stats.wilson(k, n)
         rows.append({"context": int(c), "variant": v, "trials": n, "successes": k, "rate": k / n, "lo": lo,
                      "hi": hi, "text": stats.rate_text(k, n), "margin": float(g["margin"].median())})
+    return pd.DataFrame(rows)
+
+
+def passkey_pivot(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`passkey_table` as variants x contexts, each cell ``k/n = r% [lo, hi]`` ("" where the
+    cell was not run). Rows: exact, the kernel by fraction bits (13 first), the kernel's other
+    settings (vLLM's fixes, fast-mode rows), the faithful mode, then the storage formats."""
+    if table.empty:
+        return pd.DataFrame()
+
+    def rank(v: str) -> tuple:
+        bits = frac_bits_of(v)
+        group = (0 if v == "exact" else 1 if bits is not None else 3 if v.startswith("fa3full")
+                 else 2 if v.startswith("fa3") else 4)
+        return group, -(bits or 0), v
+
+    order = sorted(dict.fromkeys(table["variant"]), key=rank)
+    out = table.pivot(index="variant", columns="context", values="text").reindex(order).fillna("")
+    out.columns = [f"{c} tokens" for c in out.columns]
+    return out
+
+
+def frac_bits_of(variant: str, full_bits: int = 13) -> int | None:
+    """The register's fraction bits of a plain fast-mode kernel variant (``fa3`` -> ``full_bits``,
+    ``fa3:frac_bits=b`` -> b), None for any other variant."""
+    if variant == "fa3":
+        return full_bits
+    if variant.startswith("fa3:frac_bits=") and "," not in variant:
+        return int(variant.split("=")[1])
+    return None
+
+
+def collapse_table(table: pd.DataFrame, full_bits: int = 13) -> pd.DataFrame:
+    """Per context with a ``frac_bits`` sweep: the exact rate, the largest b whose success rate is at
+    most half the exact rate (``collapse_bits``, None when none is), x_c = context·2^-b, and the
+    context at which a ``full_bits`` register reaches the same x (``n_fail_full``). If the kernel's
+    loss is a function of n·2^-b (notebook 06's scaling law), x_c is the same at every context
+    (within the factor 2 of the b grid)."""
+    rows = []
+    for c, g in table.groupby("context"):
+        g = g.set_index("variant")
+        bits = {b: float(g.loc[v, "rate"]) for v in g.index if (b := frac_bits_of(v, full_bits)) is not None}
+        if "exact" not in g.index or len(bits) < 2:
+            continue
+        exact = float(g.loc["exact", "rate"])
+        collapsed = [b for b, r in bits.items() if r <= exact / 2]
+        b_c = max(collapsed) if collapsed else None
+        rows.append({"context": int(c), "exact_rate": exact, "bits_tried": " ".join(map(str, sorted(bits))),
+                     "collapse_bits": b_c, "x_c": c / 2 ** b_c if b_c is not None else math.nan,
+                     "n_fail_full": c * 2 ** (full_bits - b_c) if b_c is not None else math.nan,
+                     "lowest_bits_holding": min((b for b, r in bits.items() if r > exact / 2), default=None)})
     return pd.DataFrame(rows)
 
 
