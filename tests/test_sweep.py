@@ -307,3 +307,23 @@ def test_real_decoder_grids_are_script_sweeps_one_cell_per_run(name, flag):
     assert s.kind == "script" and s.table.endswith(".csv")
     argv = sweep_runner.script_argv(s.runs[0].params)
     assert flag in argv and "--out" not in argv
+
+
+def test_publish_appends_new_rows_to_the_committed_file_and_keeps_existing_ones(tmp_path, monkeypatch):
+    dest = tmp_path / "data" / "rows.csv"
+    dest.parent.mkdir()
+    dest.write_text("x,scaled,loud\n2,99.0,0\n")                     # x=2 is there already, with another value
+    monkeypatch.setattr(sweep.spec, "repo_root", lambda: tmp_path)
+    s = script_sweep(tmp_path, "product:\n  x: [1, 2, 3]",
+                     extra="publish: {path: data/rows.csv, key: [x]}\nparams: {fail_at: 3}\n")
+    assert s.publish == dest and s.publish_key == ["x"]
+    out = tmp_path / "out"
+    sweep.run_sweep(s, out, progress=False)
+    assert store.publish(s, out)[1:] == (1, 1)                    # run 2 failed: not published
+    assert dest.read_text() == "x,scaled,loud\n2,99.0,0\n1,1.0,0\n"
+    assert store.publish(s, out)[1:] == (0, 2)                    # again: nothing new
+    assert cli.main(["publish", str(s.path), "--out", str(out)]) == 0
+    with pytest.raises(ValueError, match="'publish' is for script sweeps"):
+        sweep.load(write_sweep(tmp_path, "notebook: 01\npublish: {path: a.csv, key: [x]}\n", name="nb"))
+    with pytest.raises(ValueError, match="inside the repository"):
+        script_sweep(tmp_path, "product:\n  x: [1]", extra="publish: {path: ../a.csv, key: [x]}\n", name="bad")

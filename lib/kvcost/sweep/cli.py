@@ -1,4 +1,5 @@
-"""``python -m kvcost.sweep list | run NAME_OR_PATH | status NAME_OR_PATH`` (``make sweep``)."""
+"""``python -m kvcost.sweep list | run NAME_OR_PATH | status NAME_OR_PATH | publish NAME_OR_PATH``
+(``make sweep``)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,7 @@ from ..output import repo_root
 from ..runner import LOG_FILE
 from .execute import Outcome, run_sweep
 from .spec import Sweep, available, describe, load
-from .store import record, run_dir, seconds_per_run, state
+from .store import publish, record, run_dir, seconds_per_run, state
 
 __all__ = ["duration", "main"]
 
@@ -101,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("list", help="the predefined sweeps: runs, finished, estimated time")
     run_p = sub.add_parser("run", help="run a sweep's unfinished runs (finished runs are skipped)")
     status_p = sub.add_parser("status", help="each run of a sweep: finished, failed or not run")
-    for p in (run_p, status_p):
+    publish_p = sub.add_parser("publish", help="a script sweep's finished rows into its committed file "
+                                               "(the YAML's 'publish'); rows already there are kept")
+    for p in (run_p, status_p, publish_p):
         p.add_argument("sweep", metavar="NAME_OR_PATH", help="a name in sweeps/ or a path to a YAML file")
         p.add_argument("--out", help="the sweep's folder (default results/sweeps/<name>)")
     run_p.add_argument("--jobs", type=int, default=None,
@@ -119,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out).resolve() if args.out else sweep.default_out()
         if args.command == "status":
             return _status(sweep, out)
+        if args.command == "publish":
+            dest, added, present = publish(sweep, out)
+            print(f"{sweep.name}: {added} row(s) added to {_shown(dest)}, {present} already there")
+            return 0
         jobs = args.jobs or ((os.cpu_count() or 1) if args.scheduler == "local" else 1)
         print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.target} -> {_shown(out)}/", flush=True)
         outcome = run_sweep(sweep, out, jobs=jobs, scheduler=args.scheduler, retry_failed=args.retry_failed,

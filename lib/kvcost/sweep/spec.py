@@ -15,6 +15,10 @@ kernel should not hold (the real decoder's torch model, llama.cpp):
     params: {context: 2048}             # each parameter becomes a flag: context -> --context 2048,
     product: {window: [0, 1, 2, 3]}     # a list -> several values, true -> the bare flag
 
+Optionally ``publish: {path: data/real_model/passkey.csv, key: [context, trial, variant]}``
+names the committed file the finished rows go into (``python -m kvcost.sweep publish``; rows whose
+key is there already are kept as they are).
+
 The script must define ``parse_args(argv)`` (argparse: it exits with a message on a bad flag),
 which the sweep calls on every run's flags before anything runs, and write its rows to the CSV
 named by ``--out`` (and any provenance beside it). The README's Sweeps section shows both kinds.
@@ -43,7 +47,7 @@ from ..runner import check_params, notebook_path, run_key, script_argv, source_h
 
 __all__ = ["Run", "Sweep", "available", "describe", "expand", "load", "sweeps_dir"]
 
-_KEYS = {"notebook", "script", "table", "description", "params", "product", "zip", "seconds_per_run"}
+_KEYS = {"notebook", "script", "table", "description", "params", "product", "zip", "seconds_per_run", "publish"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,8 @@ class Sweep:
     seconds_per_run: float | None = None
     runs: list[Run] = field(default_factory=list)
     table: str = ""                    # a script's CSV (scripts only)
+    publish: Path | None = None        # the committed CSV its rows go into (``publish``)
+    publish_key: list[str] = field(default_factory=list)   # the columns that identify a row there
 
     @property
     def stem(self) -> str:
@@ -179,6 +185,8 @@ def load(name_or_path: str | Path) -> Sweep:
     sweep = Sweep(path.stem, path.resolve(), nb, str(data.get("description") or ""),
                   _mapping(data, "params", where), _mapping(data, "product", where), _mapping(data, "zip", where),
                   seconds, table=table)
+    if "publish" in data:
+        sweep.publish, sweep.publish_key = _publish(data["publish"], sweep, where)
     if sweep.kind == "script":
         nb_hash = hashlib.sha256(nb.read_bytes()).hexdigest()
         check = _script_checker(nb, where)
@@ -234,3 +242,19 @@ def _script_checker(script: Path, where: str) -> Any:
             raise ValueError(lines[-1] if lines else "the script's parse_args refused the flags") from None
 
     return check
+
+
+def _publish(value: Any, sweep: Sweep, where: str) -> tuple[Path, list[str]]:
+    """A script sweep's ``publish: {path, key}``: the repository CSV and its key columns."""
+    if sweep.kind != "script":
+        raise ValueError(f"{where}: 'publish' is for script sweeps (a notebook writes its own tables)")
+    if not isinstance(value, dict) or set(value) != {"path", "key"}:
+        raise ValueError(f"{where}: 'publish' must be a mapping with 'path' (a CSV in the repository) and 'key' "
+                         f"(the columns that identify a row), got {value!r}")
+    key = value["key"]
+    if not isinstance(key, list) or not key or not all(isinstance(k, str) for k in key):
+        raise ValueError(f"{where}: publish 'key' must be a non-empty list of column names, got {key!r}")
+    path = Path(str(value["path"]))
+    if path.is_absolute() or path.suffix != ".csv" or ".." in path.parts:
+        raise ValueError(f"{where}: publish 'path' must be a CSV path inside the repository, got {value['path']!r}")
+    return repo_root() / path, key

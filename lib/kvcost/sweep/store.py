@@ -21,7 +21,8 @@ import pandas as pd
 from ..runner import RESULT_FILE, atomic_write
 from .spec import Sweep
 
-__all__ = ["MISSING_COLUMN", "TABLES_FILE", "combine", "record", "run_dir", "save_run", "seconds_per_run", "state"]
+__all__ = ["MISSING_COLUMN", "TABLES_FILE", "combine", "publish", "record", "run_dir", "save_run", "seconds_per_run",
+           "state"]
 
 MISSING_COLUMN = "missing_runs"
 TABLES_FILE = "tables.json"     # the combined tables last written (only these are ever removed)
@@ -114,3 +115,43 @@ def seconds_per_run(sweep: Sweep, out: Path) -> tuple[float, str] | None:
     if sweep.seconds_per_run:
         return float(sweep.seconds_per_run), "sweep file"
     return None
+
+
+def publish(sweep: Sweep, out: Path) -> tuple[Path, int, int]:
+    """Append the finished rows of a script sweep's table to its ``publish`` file.
+
+    Rows are taken from the finished runs in grid order, with the destination's own columns;
+    a row whose ``publish_key`` is already in the destination is left as it is there. The file is
+    rewritten atomically. Returns (path, rows added, rows already present).
+    """
+    if sweep.publish is None:
+        raise ValueError(f"sweep {sweep.name!r} names no 'publish' file")
+    dest = sweep.publish
+    old = pd.read_csv(dest, dtype=str, keep_default_na=False) if dest.is_file() else None
+    key = sweep.publish_key
+    seen = set(map(tuple, old[key].to_numpy())) if old is not None else set()
+    added, present, rows = 0, 0, []
+    columns = list(old.columns) if old is not None else None
+    for run in sweep.runs:
+        csv = run_dir(out, run.key) / sweep.table
+        if state(out, run.key) != "finished" or not csv.is_file():
+            continue
+        df = pd.read_csv(csv, dtype=str, keep_default_na=False)
+        columns = columns or list(df.columns)
+        missing = [c for c in [*key, *columns] if c not in df.columns]
+        if missing:
+            raise ValueError(f"run {run.index}: {sweep.table} lacks the column(s) {missing} of {dest.name}")
+        for rec in df.to_dict("records"):
+            k = tuple(rec[c] for c in key)
+            if k in seen:
+                present += 1
+                continue
+            seen.add(k)
+            rows.append([rec[c] for c in columns])
+            added += 1
+    if added:
+        new = pd.DataFrame(rows, columns=columns)
+        table = new if old is None else pd.concat([old, new], ignore_index=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(dest, table.to_csv(index=False, lineterminator="\n"))
+    return dest, added, present
