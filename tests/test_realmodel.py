@@ -281,3 +281,16 @@ def test_passkey_pivot_and_fast_vs_faithful_pairing():
     summ = real.fast_vs_faithful_summary(both)
     assert len(summ) == 8 and (summ["trials"] == 2).all() and (summ["same_outcome"] == 2).all()
     assert np.allclose(summ["margin_gap_median"], 0.5) and np.allclose(summ["margin_gap_max"], 0.5)
+
+
+def test_register_failure_says_which_way_the_fast_mode_errs():
+    rows = [("exact", 20), ("fa3", 20), ("fa3:frac_bits=8", 19), ("fa3:frac_bits=4", 3)]
+    table = real.passkey_table(pd.DataFrame([{"context": 1024, "trial": i, "variant": v, "success": int(i < k),
+                                              "margin": 0.0} for v, k in rows for i in range(20)]))
+    modes = pd.DataFrame([{"kernel": "fa3", "trials": 9, "fast_successes": 9, "faithful_successes": 9},
+                          {"kernel": "fa3:frac_bits=5", "trials": 9, "fast_successes": 2, "faithful_successes": 5}])
+    note = claims.register_failure(table, modes=modes).note
+    assert "at frac_bits=5 the fast mode retrieved 2/9, the faithful mode 5/9" in note and "lower estimate" in note
+    assert "upper estimate" in claims.register_failure(
+        table, modes=modes.assign(fast_successes=[9, 7])).note
+    assert "not checked against the faithful mode" in claims.register_failure(table).note

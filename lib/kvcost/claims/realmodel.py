@@ -76,6 +76,25 @@ def readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int) -> lis
     return out
 
 
+def _mode_bias(modes: pd.DataFrame | None) -> str:
+    """How the fast mode departs from the faithful mode at a lowered register, from the trials run both ways."""
+    if modes is None or modes.empty:
+        return "; fast mode not checked against the faithful mode"
+    low = modes[(modes["kernel"].str.startswith("fa3:frac_bits=")) & (modes["trials"] > 0)]
+    if low.empty:
+        return "; fast mode checked against the faithful mode only at the full register"
+    r = low.iloc[0]
+    n, fast, faithful = int(r["trials"]), int(r["fast_successes"]), int(r["faithful_successes"])
+    if fast < faithful:
+        way = "overstates the damage, so the predicted context is a lower estimate"
+    elif fast > faithful:
+        way = "understates the damage, so the predicted context is an upper estimate"
+    else:
+        way = "matches it on these trials"
+    return (f"; at {r['kernel'].split(':')[1]} the fast mode retrieved {fast}/{n}, the faithful mode {faithful}/{n} "
+            f"on the same trials: the fast mode {way}")
+
+
 def llamacpp_checks(comparison: pd.DataFrame) -> list[Check]:
     """Per format: our KL agrees with llama.cpp's excess KL (``kl_agrees``), and, with at least two
     windows, our Δ perplexity from fp16 with llama.cpp's (``agrees``; see
@@ -95,7 +114,7 @@ def llamacpp_checks(comparison: pd.DataFrame) -> list[Check]:
 
 
 def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bits: int = 13,
-                     root: Path | None = None) -> Check | None:
+                     root: Path | None = None, modes: pd.DataFrame | None = None) -> Check | None:
     """Where a ``full_bits`` tensor-core register would lose SmolLM2's passkey, by the scaling law.
 
     The FA3 emulation's accumulation error is a function of x = n·2^-b (notebook 06). At each
@@ -105,8 +124,10 @@ def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bit
     n·2^(full_bits - b). The prediction comes from the longest context with a collapse (the
     nearest to the published setting), and the other contexts' x_c show whether the law holds
     here. Set beside vLLM's published 91% → 13% at 128k (FA3 FP8 on Hopper; Llama-3.1-8B per the
-    post). Fast mode only: the prefix rows are exact, so this is a lower bound on the damage and an
-    upper bound on the failing context. None when no sweep is present.
+    post). The sweep runs in fast mode (the prefix rows exact); ``modes``, the fast-vs-faithful
+    summary (:func:`kvcost.experiments.realmodel.fast_vs_faithful_summary`), says which way the fast
+    mode errs at a lowered register, and so whether the predicted context is a lower or an upper
+    estimate. None when no sweep is present.
     """
     table = passkey if context is None else passkey[passkey["context"] == context]
     col = tables.collapse_table(table, full_bits)
@@ -117,7 +138,7 @@ def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bit
                  f"(x = 131072·2^-13 = {131072 / 2 ** 13:g})")
     claim = "vLLM: FP8 attention's 13-bit register loses the needle at 128k"
     setting = ("SmolLM2-135M (30 layers, 3 KV heads), fast mode (prefix rows exact), RULER passkey, against an 8B "
-               "model at 128k with every row in FP8")
+               "model at 128k with every row in FP8") + _mode_bias(modes)
     hit = col[col["collapse_bits"].notna()]
     if hit.empty:
         r = col.iloc[-1]
