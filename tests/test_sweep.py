@@ -319,9 +319,13 @@ def test_publish_appends_new_rows_to_the_committed_file_and_keeps_existing_ones(
     assert s.publish == dest and s.publish_key == ["x"]
     out = tmp_path / "out"
     sweep.run_sweep(s, out, progress=False)
-    assert store.publish(s, out)[1:] == (1, 1)                    # run 2 failed: not published
-    assert dest.read_text() == "x,scaled,loud\n2,99.0,0\n1,1.0,0\n"
+    with open(dest, "a") as writer:                               # a script still appending to the file
+        assert store.publish(s, out)[1:] == (1, 1)                # run 2 failed: not published
+        writer.write("7,7.0,0\n")
+    assert dest.read_text() == "x,scaled,loud\n2,99.0,0\n1,1.0,0\n7,7.0,0\n"    # nothing lost
     assert store.publish(s, out)[1:] == (0, 2)                    # again: nothing new
+    dest.unlink()
+    assert store.publish(s, out)[1:] == (2, 0) and dest.read_text() == "x,scaled,loud\n1,1.0,0\n2,2.0,0\n"
     assert cli.main(["publish", str(s.path), "--out", str(out)]) == 0
     with pytest.raises(ValueError, match="'publish' is for script sweeps"):
         sweep.load(write_sweep(tmp_path, "notebook: 01\npublish: {path: a.csv, key: [x]}\n", name="nb"))

@@ -121,8 +121,10 @@ def publish(sweep: Sweep, out: Path) -> tuple[Path, int, int]:
     """Append the finished rows of a script sweep's table to its ``publish`` file.
 
     Rows are taken from the finished runs in grid order, with the destination's own columns;
-    a row whose ``publish_key`` is already in the destination is left as it is there. The file is
-    rewritten atomically. Returns (path, rows added, rows already present).
+    a row whose ``publish_key`` is already in the destination is left as it is there. New rows are
+    appended to the file, each line whole, as the scripts themselves append (rewriting it under a
+    new name would cut off a script still appending to it); a new file is written atomically.
+    Returns (path, rows added, rows already present).
     """
     if sweep.publish is None:
         raise ValueError(f"sweep {sweep.name!r} names no 'publish' file")
@@ -151,7 +153,13 @@ def publish(sweep: Sweep, out: Path) -> tuple[Path, int, int]:
             added += 1
     if added:
         new = pd.DataFrame(rows, columns=columns)
-        table = new if old is None else pd.concat([old, new], ignore_index=True)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(dest, table.to_csv(index=False, lineterminator="\n"))
+        if old is None:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(dest, new.to_csv(index=False, lineterminator="\n"))
+        else:
+            with open(dest, "rb") as fh:
+                fh.seek(-1, os.SEEK_END)
+                newline = fh.read(1) != b"\n"
+            with open(dest, "a", encoding="utf-8", newline="") as fh:
+                fh.write(("\n" if newline else "") + new.to_csv(index=False, header=False, lineterminator="\n"))
     return dest, added, present
