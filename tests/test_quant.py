@@ -1,6 +1,8 @@
 """Tests for kvcost.quant: bit-exactness to the post, error bounds, bad input."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from hypothesis.extra import numpy as hnp
 
 from kvcost import attention, ggml, quant, synthetic
 from kvcost.experiments import axis
+from kvcost.output import repo_root
 
 
 def post_quant(x, bits, axis):
@@ -418,3 +421,42 @@ def test_scheme_bits_of_the_post_int_k_split_k_and_v():
     assert axis.scheme_bits(post4, 128) == 4.125
     with pytest.raises(ValueError, match="'cache'"):
         axis.scheme_bits(post4, 128, "q")
+
+
+def _llamacpp_ggml():
+    """llama-cpp-python's own libggml-base (make llamacpp-reference), or None."""
+    import ctypes
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib" / "libggml-base.so"
+    return ctypes.CDLL(str(lib)) if lib.is_file() else None
+
+
+@pytest.mark.skipif(_llamacpp_ggml() is None, reason="llama-cpp-python is not installed (make llamacpp-reference)")
+@pytest.mark.parametrize("kind, block_bytes", [("q8_0", 34), ("q4_0", 18), ("q4_1", 20), ("q5_0", 22), ("q5_1", 24),
+                                               ("iq4_nl", 18)])
+def test_ggml_roundtrip_is_llamacpps_own_bit_for_bit(kind, block_bytes):
+    """Our quantizers against the reference ones in the ggml library llama.cpp ships
+    (quantize_row_<kind>_ref, which its CPU KV-cache writes call, then dequantize_row_<kind>), on
+    Gaussian rows and on SmolLM2's real K and V."""
+    import ctypes
+
+    from kvcost import realkv
+
+    lib = _llamacpp_ggml()
+    quantize, dequantize = getattr(lib, f"quantize_row_{kind}_ref"), getattr(lib, f"dequantize_row_{kind}")
+    for fn in (quantize, dequantize):
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    kv = realkv.load_real_kv(repo_root() / "data" / "real_model" / "smollm2_kv.npz")
+    rng = np.random.default_rng(21)
+    for x in (rng.normal(0, 3, (64, 64)).astype(np.float32), kv.k.reshape(-1, 64)[:4096].astype(np.float32),
+              kv.v.reshape(-1, 64)[:4096].astype(np.float32)):
+        flat = np.ascontiguousarray(x).ravel()
+        blocks = np.zeros(flat.size // 32 * block_bytes, dtype=np.uint8)
+        theirs = np.zeros_like(flat)
+        quantize(flat.ctypes.data, blocks.ctypes.data, flat.size)
+        dequantize(blocks.ctypes.data, theirs.ctypes.data, flat.size)
+        np.testing.assert_array_equal(quant.ggml_roundtrip(x, kind).ravel(), theirs)
