@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import accum, floats, formats, models
+from . import accum, floats, formats, models, realmodel
 from .experiments import longrange as long_range
 from .experiments import needle
 from .experiments import realmodel as real_decoder
@@ -154,6 +154,10 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
                 doc="formats the live slice round-trips on the committed extract"),
         Bool("hadamard", True, doc="also the Hadamard-rotated twin of each live format"),
         Int("min_windows", 1, lo=1, doc="formats with fewer text windows are left out of the tables"),
+        StrList("context_formats", ["fp16", "q8_0", "fp8_e4m3", "q5_1", "q5_1+hadamard", "iq4_nl", "q4_0",
+                                    "q4_0+hadamard", "kivi4", "kivi2"], choices=realmodel.STORAGE_FORMATS,
+                doc="formats drawn in the storage-loss-against-context figure (the table has every format "
+                    "run at two or more contexts)"),
     ]),
 ]}
 
