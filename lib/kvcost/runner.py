@@ -220,6 +220,25 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
+def _finish(result: RunResult, peak_bytes: int, staging: Path, out: Path, what: str) -> RunResult:
+    """A run's last steps: its peak memory and end time, its staged files renamed into ``out`` when
+    it finished, the staging folder removed, one line to the log, ``run.json`` written last."""
+    result.peak_memory_mib = round(peak_bytes / MIB, 1)
+    result.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
+    if result.status == "finished":
+        for item in sorted(staging.iterdir()):
+            target = out / item.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            os.replace(item, target)
+    shutil.rmtree(staging, ignore_errors=True)
+    result.files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != RESULT_FILE)
+    print(f"{result.status} in {result.seconds:g} s; peak memory {result.peak_memory_mib:g} MiB "
+          f"({what}, resident){'; ' + result.error if result.error else ''}", flush=True)
+    atomic_write(out / RESULT_FILE, json.dumps(asdict(result), indent=1) + "\n")
+    return result
+
+
 def run_notebook(nb: Path, params: Mapping[str, Any], out: Path, *, kernel: str = "python3",
                  stem: str | None = None) -> RunResult:
     """Execute ``nb`` with ``params`` into folder ``out`` in this process (it should run nothing
@@ -248,23 +267,11 @@ def run_notebook(nb: Path, params: Mapping[str, Any], out: Path, *, kernel: str 
                 result.error = f"{type(err).__name__}: {err}"
     finally:
         result.seconds = round(time.perf_counter() - start, 1)
-    result.peak_memory_mib = round(mem.peak / MIB, 1)
-    result.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
     if result.status == "finished":
-        for item in sorted(staging.iterdir()):
-            target = out / item.name
-            if target.is_dir():
-                shutil.rmtree(target)
-            os.replace(item, target)
         (out / f"{stem}.failed.ipynb").unlink(missing_ok=True)
     elif (staging / f"{stem}.ipynb").is_file():
         os.replace(staging / f"{stem}.ipynb", out / f"{stem}.failed.ipynb")
-    shutil.rmtree(staging, ignore_errors=True)
-    result.files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != RESULT_FILE)
-    print(f"{result.status} in {result.seconds:g} s; peak memory {result.peak_memory_mib:g} MiB "
-          f"(kernel, resident){'; ' + result.error if result.error else ''}", flush=True)
-    atomic_write(out / RESULT_FILE, json.dumps(asdict(result), indent=1) + "\n")
-    return result
+    return _finish(result, mem.peak, staging, out, "kernel")
 
 
 def run_script(script: Path, params: Mapping[str, Any], out: Path, *, table: str, stem: str | None = None,
@@ -298,17 +305,7 @@ def run_script(script: Path, params: Mapping[str, Any], out: Path, *, table: str
             result.error = f"exit code {code}: {tail[-1] if tail else '(no output)'}"
     finally:
         result.seconds = round(time.perf_counter() - start, 1)
-    result.peak_memory_mib = round(mem.peak / MIB, 1)
-    result.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
-    if result.status == "finished":
-        for item in sorted(staging.iterdir()):
-            os.replace(item, out / item.name)
-    shutil.rmtree(staging, ignore_errors=True)
-    result.files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != RESULT_FILE)
-    print(f"{result.status} in {result.seconds:g} s; peak memory {result.peak_memory_mib:g} MiB "
-          f"(script, resident){'; ' + result.error if result.error else ''}", flush=True)
-    atomic_write(out / RESULT_FILE, json.dumps(asdict(result), indent=1) + "\n")
-    return result
+    return _finish(result, mem.peak, staging, out, "script")
 
 
 # --------------------------------------------------------------------------- in a child process
