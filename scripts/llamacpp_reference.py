@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a check
 
 from kvcost import provenance, realmodel
 from kvcost.output import repo_root
+from kvcost.script_args import checked, int_at_least
 
 ROOT = repo_root()
 
@@ -64,36 +65,22 @@ def _rotation(fmt: str) -> None:
         os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
 
 
-def _context(text: str) -> int:
-    value = int(text)
-    if value < 64 or value % 2:
-        raise argparse.ArgumentTypeError(f"must be an even number >= 64, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _format(text: str) -> str:
+def _cache_type(text: str) -> None:
     base = text.removesuffix(HAD)
     if base not in CACHE_TYPES or (text.endswith(HAD) and CACHE_TYPES[base][0] in ("F32", "F16", "BF16")):
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of {DEFAULT_FORMATS}")
-    return text
+        raise ValueError(f"{text!r} is not one of {DEFAULT_FORMATS}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The checked command line (a sweep checks each run's flags with it before anything runs)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--context", type=_context, nargs="+", default=[2048], help="tokens per window (even, >= 64)")
-    ap.add_argument("--tokens", type=_count, default=16384, help="tokens of text used (default 16384)")
-    ap.add_argument("--windows", type=_count, default=None, help="at most this many windows (the first ones)")
-    ap.add_argument("--window", type=_count, nargs="+", default=None,
+    ap.add_argument("--context", type=int_at_least(64, even=True), nargs="+", default=[2048],
+                    help="tokens per window (even, >= 64)")
+    ap.add_argument("--tokens", type=int_at_least(0), default=16384, help="tokens of text used (default 16384)")
+    ap.add_argument("--windows", type=int_at_least(0), default=None, help="at most this many windows (the first ones)")
+    ap.add_argument("--window", type=int_at_least(0), nargs="+", default=None,
                     help="only these windows (0-based; a sweep runs one window per run)")
-    ap.add_argument("--formats", type=_format, nargs="+", default=DEFAULT_FORMATS,
+    ap.add_argument("--formats", type=checked(_cache_type), nargs="+", default=DEFAULT_FORMATS,
                     help="cache types by our format names (fp32 and fp16, the references, are always run)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT, help="the CSV rows are appended to (provenance beside it)")

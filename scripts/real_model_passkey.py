@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a check
 from kvcost import provenance, realmodel
 from kvcost.experiments import realmodel_passkey as pk
 from kvcost.output import repo_root
+from kvcost.script_args import checked, int_at_least
 
 ROOT = repo_root()
 
@@ -31,42 +32,20 @@ OUT = ROOT / "data" / "real_model" / "passkey.csv"
 FIELDS = ["context", "trial", "depth", "tokens", "variant", "success", "margin", "seconds"]
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _context(text: str) -> int:
-    value = int(text)
-    if value < 256:
-        raise argparse.ArgumentTypeError(f"must be >= 256 tokens (the prompt's fixed text), got {text}")
-    return value
-
-
-def _variant(text: str) -> str:
-    try:
-        pk.parse_variant(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The checked command line (a sweep checks each run's flags with it before anything runs):
     adds ``trial_list``, the trials to run."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--context", type=_context, nargs="+", required=True, help="prompt lengths in tokens")
-    ap.add_argument("--trials", type=_positive, default=20, help="trials per context: depth (i + 0.5) / trials")
+    ap.add_argument("--context", type=int_at_least(256), nargs="+", required=True, help="prompt lengths in tokens")
+    ap.add_argument("--trials", type=int_at_least(1), default=20, help="trials per context: depth (i + 0.5) / trials")
     ap.add_argument("--first-trial", type=int, default=0)
-    ap.add_argument("--only", type=_positive, default=None, help="run only this many trials from --first-trial "
+    ap.add_argument("--only", type=int_at_least(1), default=None, help="run only this many trials from --first-trial "
                     "(depths and seeds still those of --trials)")
     ap.add_argument("--trial", type=int, nargs="+", default=None,
                     help="only these trials (0-based, < --trials; a sweep runs one trial per run)")
-    ap.add_argument("--variants", type=_variant, nargs="+", default=["exact", "fa3"],
+    ap.add_argument("--variants", type=checked(pk.parse_variant), nargs="+", default=["exact", "fa3"],
                     help="exact, store:<fmt>, fa3[:k=v,...], fa3full[:k=v,...]")
-    ap.add_argument("--threads", type=_positive, default=2)
+    ap.add_argument("--threads", type=int_at_least(1), default=2)
     ap.add_argument("--out", type=Path, default=OUT, help="the CSV rows are appended to (provenance beside it)")
     args = ap.parse_args(argv)
     if not 0 <= args.first_trial < args.trials:
