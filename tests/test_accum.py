@@ -267,3 +267,15 @@ def test_weight_profiles():
 def test_exact_sum_is_exact_enough():
     x = np.array([1e16, 1.0, -1e16, 1e-8])
     assert float(accum.exact_sum(x)) == 1.00000001
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "e8m13"])
+def test_compiled_rounding_ties_in_the_subnormal_range_go_to_even(fmt):
+    # (k + 1/2) smallest subnormals: at k = 1 the float64 input keeps only its implicit bit after
+    # the shift, whose parity the compiled rounding once read from the exponent field (1.5 -> 1)
+    f = parse_format(fmt)
+    tiny = math.ldexp(1.0, f.emin - f.man_bits)
+    x = np.array([(k + 0.5) * tiny for k in range(40)] + [(k + 0.5) * tiny * 2 ** 20 for k in range(40)])
+    got = np.array([accum._round_nb(v, 0.0, *accum._fmt_args(f)) for v in x])
+    np.testing.assert_array_equal(got, round_to(x, fmt))
+    assert accum._round_nb(1.5 * tiny, 0.0, *accum._fmt_args(f)) == 2 * tiny

@@ -88,8 +88,8 @@ def _round_nb(hi: float, lo: float, m: int, emin: int, fmax: float, ovf: float) 
                 if rem == half:
                     if lo != 0.0:
                         up = (lo > 0.0) == (hi > 0.0)
-                    else:
-                        up = ((b >> shift) & one) == one
+                    else:                   # parity of the kept significand (implicit bit included:
+                        up = (((b | (one << 52)) >> shift) & one) == one   # at shift 52 it is all that is kept)
                 if up:
                     base += one << shift
                 r = np.int64(base).view(np.float64)
