@@ -74,12 +74,22 @@ _AK = {"tensorcore": 0, "fp32": 1, "exact": 2}
 # ------------------------------------------------------------------ compiled pieces
 @njit(inline="always")
 def _f32(x: float) -> float:
-    return _round_nb(x, 0.0, 23, -126, _F32MAX, math.inf)
+    """x rounded to nearest fp32 (the hardware conversion: nearest-even, subnormals, overflow to inf;
+    bit for bit accum._round_nb for fp32, which the tests check)."""
+    return np.float64(np.float32(x))
 
 
 @njit(inline="always")
 def _f32add(a: float, b: float) -> float:
+    """RN_fp32(a + b) for any float64 a, b (TwoSum, then one rounding)."""
     return _add_nb(a, b, 23, -126, _F32MAX, math.inf)
+
+
+@njit(inline="always")
+def _f32sum(a: float, b: float) -> float:
+    """RN_fp32(a + b) when a and b are fp32 values: their float64 sum rounded to fp32 is correctly
+    rounded (double rounding is innocuous for addition when 53 >= 2 * 24 + 2)."""
+    return np.float64(np.float32(a + b))
 
 
 @njit(inline="always")
@@ -142,7 +152,7 @@ def _row(s, v, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
             for i in range(i0, i1):
                 p = _exp2_f32(_f32(s[i] * scale_log2 - max_scaled))
                 if lk == 0:
-                    l_val = _f32add(l_val, p)
+                    l_val = _f32sum(l_val, p)
                 else:
                     l_val += p
                 pbuf[i - i0] = _cast_p(p, pk)
@@ -187,7 +197,7 @@ def _row(s, v, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
         return
     tot = 0.0
     for sp in range(nsp):
-        tot = _f32add(tot, _f32(math.exp(lses[sp] - lse_max)))
+        tot = _f32sum(tot, _f32(math.exp(lses[sp] - lse_max)))
     lse = _f32(math.log(tot) + lse_max)
     for sp in range(nsp):
         w = _f32(math.exp(lses[sp] - lse))
