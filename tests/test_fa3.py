@@ -1,6 +1,7 @@
 """kvcost.fa3: FlashAttention-3's FP8 forward pass, against exact attention and kvcost.accum."""
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -120,3 +121,53 @@ def test_max_offset_keeps_p_out_of_e4m3_underflow_and_reverse_order_matters():
         # without the offset the haystack vanishes, unless the needle comes last (reverse order: first
         # block) -- then the haystack's P were cast before the max rose, and rescaled in fp32
         assert bad == (pos == 0)
+
+
+# ------------------------------------------------------------ the fast paths are the same arithmetic
+def test_compiled_e4m3_store_is_ml_dtypes_satfinite_cast_bit_for_bit():
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(200_000) * np.exp(rng.standard_normal(200_000) * 4)).astype(np.float32)
+    ties = np.concatenate([np.ldexp(np.floor(rng.random(5000) * 16) + 16.5, rng.integers(-14, 6, 5000)),
+                           (np.arange(64) + 0.5) * 2.0 ** -9]).astype(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, 448, 449, 464, 465, -480, 3e38, 1e-45, -2.0 ** -10,
+                        3 * 2.0 ** -11], np.float32)
+    for a in (x, ties, -ties, special):
+        ref = np.clip(a, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        np.testing.assert_array_equal(fa3.store(a, "e4m3").view(np.uint32), ref.view(np.uint32))
+    assert np.isnan(fa3.store(np.array([np.nan], np.float32), "e4m3")[0])
+
+
+def test_fp32_helpers_are_the_compiled_rounding():
+    rng = np.random.default_rng(9)
+    e = rng.integers(-160, 130, 20_000)
+    x = np.ldexp(rng.random(20_000) + 1, e) * rng.choice([-1, 1], 20_000)
+    f32max = float(np.finfo(np.float32).max)
+    x = np.concatenate([x, [0.0, np.inf, np.nan, 2.0 ** -150, 1.5 * 2.0 ** -149, f32max * (1 + 2 ** -25)]])
+    for v in x:
+        assert fa3._f32(v) == accum._round_nb(v, 0.0, 23, -126, f32max, math.inf) or (np.isnan(v))
+    with np.errstate(over="ignore"):                         # some become inf in float32: skipped below
+        a = x[:5000].astype(np.float32).astype(np.float64)
+        b = (x[5000:10000] * np.ldexp(1.0, rng.integers(-40, 40, 5000))).astype(np.float32).astype(np.float64)
+    for u, w in zip(a, b):
+        if np.isfinite(u) and np.isfinite(w):
+            assert fa3._f32sum(u, w) == fa3._f32add(u, w)
+
+
+@pytest.mark.parametrize("opts", [{}, dict(flush_every=1), dict(frac_bits=5, splits=2), dict(frac_bits=17)])
+def test_float32_lanes_give_the_float64_paths_bits(opts):
+    # the same call with the float32-lane tensor core (QK and PV) switched off in the compiled kernel
+    rng = np.random.default_rng(10)
+    q, k, v = (fa3.store(rng.standard_normal(s) * sc, "e4m3") for s, sc in
+               (((6, 9, 64), 3.0), ((2, 700, 64), 2.0), ((2, 700, 64), 1.0)))
+    v[:, 3] *= 0.0                                           # a row of P·V terms that are all zero
+    out = fa3.attend(q, k, v, causal=True, **opts)
+    pk, ak, lk, flush, bn, mo, sp, targs = fa3._common("e4m3", "tensorcore", opts.get("flush_every"), 96, 8,
+                                                       opts.get("splits", 1), opts.get("frac_bits", 13), "fp32",
+                                                       "toward_zero")
+    s_args = tensorcore.out_args("e8m13", 13, "toward_zero")[2:]
+    kT = np.ascontiguousarray(np.swapaxes(k, 1, 2))
+    scale_log2 = float(np.float32(np.float32(1 / 8) * np.float32(math.log2(math.e))))
+    for qk32, pv32 in ((False, False), (True, False), (False, True)):
+        ref = fa3._attend_nb(q, kT, v, 3, True, scale_log2, pk, ak, lk, 0, flush, bn, mo, sp, *targs, *s_args,
+                             qk32, pv32, 2)
+        np.testing.assert_array_equal(out, ref)

@@ -230,9 +230,12 @@ def run(benchmarks: list[Callable[[], list[BenchResult]]] | None = None) -> pd.D
 def main(argv: list[str] | None = None) -> int:
     """Command line: run, print the table, save it as CSV; exit status 1 if a bar is missed."""
     ap = argparse.ArgumentParser(prog="python -m kvcost.bench", description=__doc__.splitlines()[0])
+    names = [fn.__name__.removeprefix("bench_") for fn in BENCHMARKS]
     ap.add_argument("--out", default="results/bench.csv", help="CSV path for the table")
+    ap.add_argument("--only", nargs="+", choices=names, metavar="NAME",
+                    help=f"run only these benchmarks (of: {', '.join(names)})")
     args = ap.parse_args(argv)
-    df = run()
+    df = run([fn for fn in BENCHMARKS if fn.__name__.removeprefix("bench_") in args.only] if args.only else None)
     with pd.option_context("display.width", 200, "display.max_colwidth", 90):
         print(df.to_string(index=False, formatters={"seconds": "{:.4f}".format, "value": "{:,.1f}".format}))
     out = Path(args.out)

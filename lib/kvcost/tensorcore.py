@@ -21,7 +21,8 @@ fraction bits (the register of a narrower unit: ``frac_bits=N, out="e8mN"``). Pr
 be exact in float64 (true when each operand has at most 26 significant bits: every FP8,
 bf16 and fp32 operand). NaN or inf among the terms gives their IEEE sum.
 
-The compiled kernel ``_mma_rows`` (one instruction for a row of outputs) is shared with :mod:`kvcost.fa3`.
+The compiled kernel ``_mma_rows`` (one instruction for a row of outputs) and its float32-lane twin
+``_mma_rows32`` (e4m3 operands, truncating register) are shared with :mod:`kvcost.fa3`.
 """
 from __future__ import annotations
 
@@ -107,8 +108,9 @@ def _mma_rows(tc, prod, kk, ncol, scr, fb, nearest, okind, om, oemin, ofmax):
         inv[j] = abs(tc[j])
         chk[j] = tc[j]
     for i in range(kk):
+        pr = prod[i]                      # 1-D row views: numba's 2-D indexing defeats the vectorizer
         for j in range(ncol):
-            p = prod[i, j]
+            p = pr[j]
             inv[j] = max(inv[j], abs(p))
             chk[j] += p
     for j in range(ncol):
@@ -117,20 +119,23 @@ def _mma_rows(tc, prod, kk, ncol, scr, fb, nearest, okind, om, oemin, ofmax):
         for j in range(ncol):
             acc[j] = np.rint(tc[j] * inv[j])
         for i in range(kk):
+            pr = prod[i]
             for j in range(ncol):
-                acc[j] += np.rint(prod[i, j] * inv[j])
+                acc[j] += np.rint(pr[j] * inv[j])
     elif fb <= 29:       # |term| / q < 2^(fb + 1) <= 2^30: int32 conversion truncates, and vectorizes
         for j in range(ncol):
             acc[j] = np.float64(np.int32(tc[j] * inv[j]))
         for i in range(kk):
+            pr = prod[i]
             for j in range(ncol):
-                acc[j] += np.float64(np.int32(prod[i, j] * inv[j]))
+                acc[j] += np.float64(np.int32(pr[j] * inv[j]))
     else:
         for j in range(ncol):
             acc[j] = np.trunc(tc[j] * inv[j])
         for i in range(kk):
+            pr = prod[i]
             for j in range(ncol):
-                acc[j] += np.trunc(prod[i, j] * inv[j])
+                acc[j] += np.trunc(pr[j] * inv[j])
     for j in range(ncol):
         c = chk[j]
         if c != c or abs(c) == math.inf:          # NaN/inf among the terms: their IEEE sum
@@ -140,6 +145,64 @@ def _mma_rows(tc, prod, kk, ncol, scr, fb, nearest, okind, om, oemin, ofmax):
             tc[j] = sm
         else:
             tc[j] = _finish(acc[j] / inv[j], okind, om, oemin, ofmax)
+
+
+@njit(inline="always")
+def _mma_col64(tc, prod, kk, j, fb, om, oemin, ofmax):
+    """Column j of :func:`_mma_rows` (truncating cut and output), in float64, for float32 tc/prod."""
+    mx = abs(np.float64(tc[j]))
+    for i in range(kk):
+        mx = max(mx, abs(np.float64(prod[i, j])))
+    inv = _quanta(mx, fb)[0]
+    a = np.float64(np.int32(np.float64(tc[j]) * inv))
+    for i in range(kk):
+        a += np.float64(np.int32(np.float64(prod[i, j]) * inv))
+    tc[j] = _trunc_nb(a / inv, om, oemin, ofmax)
+
+
+@njit(inline="always")
+def _mma_rows32(tc, prod, kk, ncol, scr, fb, om, ofmax):
+    """:func:`_mma_rows` in float32 lanes (twice the vector width), bit for bit, for a truncating cut
+    and a truncating e8m{om} output (om <= 23), fb <= 17, finite terms whose products were exact in
+    float32 (e4m3 operands). tc (>= ncol) float32 is updated in place; scr is (2, >= ncol) float32.
+
+    Exact because: the cut terms |t|/q < 2^(fb+1) are integers after the int32 conversion, and 33 of
+    them sum below 2^24 (so the sum converts to float32 exactly); the grid q = 2^(e - fb) stays
+    >= 2^-126, so acc * q is exact in float32, subnormals included, and truncating to om fraction
+    bits is clearing the low 23 - om bits (in float32's subnormal range too, where e8m{om}'s grid
+    is 2^(-126-om)). A column whose largest term is below 2^(fb - 126) (a rescaled accumulator
+    with every product zero) takes the float64 path, :func:`_mma_col64`."""
+    inv = scr[0]
+    acc = scr[1].view(np.int32)       # the cut terms are integers: summed as int32 (exact below 2^31)
+    for j in range(ncol):
+        inv[j] = abs(tc[j])
+    for i in range(kk):
+        pr = prod[i]                  # 1-D row views: numba's 2-D indexing here defeats the vectorizer
+        for j in range(ncol):
+            inv[j] = max(inv[j], abs(pr[j]))
+    lo = np.float32(2.0 ** (fb - 126))
+    small = False
+    for j in range(ncol):
+        small |= (inv[j] < lo) & (inv[j] != 0)
+    if small:
+        for j in range(ncol):
+            _mma_col64(tc, prod, kk, j, fb, om, -126, ofmax)
+        return
+    hi = np.int32(127 + fb)
+    for j in range(ncol):
+        e = max((np.float32(inv[j]).view(np.int32) >> 23) - 127, fb - 126)     # inv >= 0: no sign bit
+        inv[j] = np.int32((hi - e) << 23).view(np.float32)
+    for j in range(ncol):
+        acc[j] = np.int32(tc[j] * inv[j])
+    for i in range(kk):
+        pr = prod[i]
+        for j in range(ncol):
+            acc[j] += np.int32(pr[j] * inv[j])
+    mask = np.int32(~((1 << (23 - om)) - 1))
+    fmax = np.float32(ofmax)
+    for j in range(ncol):
+        r = np.int32(np.float32(np.float32(acc[j]) / inv[j]).view(np.int32) & mask).view(np.float32)
+        tc[j] = r if abs(r) <= fmax else (fmax if r > 0 else -fmax)
 
 
 @njit(cache=True)
