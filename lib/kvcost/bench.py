@@ -7,6 +7,9 @@ reach, passes.
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -155,6 +158,20 @@ def bench_fa3_attend() -> list[BenchResult]:
 
 
 def bench_real_model() -> list[BenchResult]:
+    """SmolLM2-135M, measured in a fresh Python process (:func:`_real_model_rows`): after the other
+    benchmarks' numpy BLAS and numba thread pools have run in this one, torch's forward passes here
+    ran up to 4x slower, which made the ratios meaningless. No rows without the [real-model] extra."""
+    if not realmodel.available():
+        return []
+    code = ("import json, dataclasses; from kvcost import bench; "
+            "print(json.dumps([dataclasses.asdict(r) for r in bench._real_model_rows()]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the real-model benchmark failed in its own process:\n{proc.stderr[-2000:]}")
+    return [BenchResult(**row) for row in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+def _real_model_rows() -> list[BenchResult]:
     """SmolLM2-135M (only with the [real-model] extra; no rows without it).
 
     Faithful mode on 256 tokens of the committed text: every row of every layer through the
