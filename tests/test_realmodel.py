@@ -84,6 +84,14 @@ def test_format_table_intervals():
     assert q["top1"] == pytest.approx(0.9)
     assert list(t.index)[-1] == "q4_0"             # sorted by KL
     assert real.format_table(df, min_windows=4).empty
+    # intervals stop where the quantity does: top-1 agreement of 1.0, 0.99, 1.0 cannot reach past 1
+    agree = pd.DataFrame(_rows("fp32", [2.0] * 3, [0] * 3) + _rows("fp16", [2.0] * 3, [0] * 3)
+                         + _rows("q8_0", [2.0] * 3, [0.001, 0.02, 0.001]))
+    agree["top1_fp32"] = 100
+    agree.loc[agree.index[-2], "top1_fp32"] = 99
+    r = real.format_table(agree).set_index("format").loc["q8_0"]
+    assert r["top1_hi"] == 1.0 and r["top1_lo"] < r["top1"] < 1.0
+    assert r["kl_lo"] == 0.0 < r["kl"]
 
 
 def test_llamacpp_comparison_and_agreement():

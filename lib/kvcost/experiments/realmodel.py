@@ -91,12 +91,16 @@ def _per_window(df: pd.DataFrame) -> pd.DataFrame:
     return d
 
 
+_RANGE = {"ppl": (1.0, math.inf), "kl": (0.0, math.inf), "top1": (0.0, 1.0)}
+
+
 def format_table(df: pd.DataFrame, min_windows: int = 1) -> pd.DataFrame:
     """One row per (context, format): ``windows``, ``tokens`` scored, and mean with a 95%
     Student-t interval over windows of ``ppl``, ``dppl`` (minus the fp32 cache's on the same
     window), ``dppl16`` (minus the fp16 cache's), ``kl`` (nats,
-    from the fp32 cache) and ``top1`` (agreement with the fp32 cache). Formats with fewer than
-    ``min_windows`` windows are dropped. Sorted by context, then mean KL."""
+    from the fp32 cache) and ``top1`` (agreement with the fp32 cache); the intervals of ppl, kl
+    and top1 are clipped to what they can be (ppl >= 1, kl >= 0, top1 in [0, 1]). Formats with
+    fewer than ``min_windows`` windows are dropped. Sorted by context, then mean KL."""
     rows = []
     for (c, fmt), g in _per_window(df).groupby(["context", "format"], sort=False):
         if len(g) < min_windows:
@@ -104,6 +108,8 @@ def format_table(df: pd.DataFrame, min_windows: int = 1) -> pd.DataFrame:
         row = {"context": int(c), "format": fmt, "windows": len(g), "tokens": int(g["n"].sum())}
         for col in ("ppl", "dppl", "dppl16", "kl", "top1"):
             m, lo, hi = _t_interval(g[col].to_numpy())
+            if col in _RANGE:                           # a t interval can reach past what the quantity can be
+                lo, hi = max(lo, _RANGE[col][0]), min(hi, _RANGE[col][1])
             row.update({col: m, f"{col}_lo": lo, f"{col}_hi": hi})
         rows.append(row)
     cols = ["context", "format", "windows", "tokens"] + [f"{c}{s}" for c in ("ppl", "dppl", "dppl16", "kl", "top1")
