@@ -423,15 +423,15 @@ def test_scheme_bits_of_the_post_int_k_split_k_and_v():
         axis.scheme_bits(post4, 128, "q")
 
 
-def _llamacpp_ggml():
-    """llama-cpp-python's own libggml-base (make llamacpp-reference), or None."""
+def _llamacpp_ggml(name: str = "libggml-base.so"):
+    """A ggml library llama-cpp-python ships (make llamacpp-reference), or None."""
     import ctypes
     import importlib.util
 
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         return None
-    lib = Path(next(iter(spec.submodule_search_locations))) / "lib" / "libggml-base.so"
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib" / name
     return ctypes.CDLL(str(lib)) if lib.is_file() else None
 
 
@@ -440,16 +440,20 @@ def _llamacpp_ggml():
                                                ("iq4_nl", 18)])
 def test_ggml_roundtrip_is_llamacpps_own_bit_for_bit(kind, block_bytes):
     """Our quantizers against the reference ones in the ggml library llama.cpp ships
-    (quantize_row_<kind>_ref, which its CPU KV-cache writes call, then dequantize_row_<kind>), on
-    Gaussian rows and on SmolLM2's real K and V."""
+    (quantize_row_<kind>_ref, then dequantize_row_<kind>), on Gaussian rows and on SmolLM2's real K
+    and V; and the CPU backend's quantize_row_<kind> (libggml-cpu: the from_float a KV-cache write
+    calls) against _ref."""
     import ctypes
 
     from kvcost import realkv
 
     lib = _llamacpp_ggml()
     quantize, dequantize = getattr(lib, f"quantize_row_{kind}_ref"), getattr(lib, f"dequantize_row_{kind}")
-    for fn in (quantize, dequantize):
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    cpu = _llamacpp_ggml("libggml-cpu.so")
+    cpu_quantize = getattr(cpu, f"quantize_row_{kind}") if cpu is not None else None
+    for fn in (quantize, dequantize, cpu_quantize):
+        if fn is not None:
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     kv = realkv.load_real_kv(repo_root() / "data" / "real_model" / "smollm2_kv.npz")
     rng = np.random.default_rng(21)
     for x in (rng.normal(0, 3, (64, 64)).astype(np.float32), kv.k.reshape(-1, 64)[:4096].astype(np.float32),
@@ -460,3 +464,16 @@ def test_ggml_roundtrip_is_llamacpps_own_bit_for_bit(kind, block_bytes):
         quantize(flat.ctypes.data, blocks.ctypes.data, flat.size)
         dequantize(blocks.ctypes.data, theirs.ctypes.data, flat.size)
         np.testing.assert_array_equal(quant.ggml_roundtrip(x, kind).ravel(), theirs)
+        if cpu is None:
+            continue
+        # the CPU backend's from_float, what a KV-cache write calls: _ref itself for five formats; for
+        # q8_0 a SIMD version (x * (127/amax), rounded to even) that moves a near-tie by one step
+        cpu_blocks = np.zeros_like(blocks)
+        cpu_quantize(flat.ctypes.data, cpu_blocks.ctypes.data, flat.size)
+        if kind != "q8_0":
+            np.testing.assert_array_equal(cpu_blocks, blocks)
+            continue
+        ours, simd = (b.reshape(-1, 34) for b in (blocks, cpu_blocks))
+        np.testing.assert_array_equal(simd[:, :2], ours[:, :2])          # the same fp16 scales
+        step = simd[:, 2:].view(np.int8).astype(int) - ours[:, 2:].view(np.int8).astype(int)
+        assert np.abs(step).max() <= 1 and np.count_nonzero(step) <= 1e-3 * step.size
