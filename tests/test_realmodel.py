@@ -219,6 +219,11 @@ def test_register_failure_scaling_law():
     col = real.collapse_table(real.passkey_table(df2))
     assert list(col["collapse_bits"]) == [2, 3] and list(col["x_c"]) == [256.0, 256.0]
     assert list(col["lowest_bits_holding"]) == [4, 4]
+    # a cell of a few trials does not move the collapse: frac_bits 5 failing on its 3 trials is ignored
+    few = pd.concat([df2, pd.DataFrame([{"context": 2048, "trial": i, "variant": "fa3:frac_bits=5", "success": 0,
+                                         "margin": 0.0} for i in range(3)])])
+    assert list(real.collapse_table(real.passkey_table(few))["collapse_bits"]) == [2, 3]
+    assert list(real.collapse_table(real.passkey_table(few), min_trials=3)["collapse_bits"]) == [2, 5]
     two = claims.register_failure(real.passkey_table(df2))
     assert "x_c within a factor 1 across 2 contexts" in two.computed and f"{2048 * 2 ** 10:,}" in two.computed
     none = claims.register_failure(real.passkey_table(df[df["variant"] != "fa3:frac_bits=2"]), 1024)

@@ -206,15 +206,16 @@ def frac_bits_of(variant: str, full_bits: int = 13) -> int | None:
     return None
 
 
-def collapse_table(table: pd.DataFrame, full_bits: int = 13) -> pd.DataFrame:
+def collapse_table(table: pd.DataFrame, full_bits: int = 13, min_trials: int = 20) -> pd.DataFrame:
     """Per context with a ``frac_bits`` sweep: the exact rate, the largest b whose success rate is at
     most half the exact rate (``collapse_bits``, None when none is), x_c = context·2^-b, and the
     context at which a ``full_bits`` register reaches the same x (``n_fail_full``). If the kernel's
     loss is a function of n·2^-b (notebook 06's scaling law), x_c is the same at every context
-    (within the factor 2 of the b grid)."""
+    (within the factor 2 of the b grid). Only cells of at least ``min_trials`` trials count (the
+    exact one included): a rate from a few trials would move the collapse by chance."""
     rows = []
     for c, g in table.groupby("context"):
-        g = g.set_index("variant")
+        g = g[g["trials"] >= min_trials].set_index("variant")
         bits = {b: float(g.loc[v, "rate"]) for v in g.index if (b := frac_bits_of(v, full_bits)) is not None}
         if "exact" not in g.index or len(bits) < 2:
             continue
