@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kvcost import accum, fa3, tensorcore
+from kvcost import accum, fa3, fa3kernel, tensorcore
 
 
 def _case(n: int, d: int = 64, seed: int = 0, mean: float = 0.3, spread: float = 2.0):
@@ -144,13 +144,13 @@ def test_fp32_helpers_are_the_compiled_rounding():
     f32max = float(np.finfo(np.float32).max)
     x = np.concatenate([x, [0.0, np.inf, np.nan, 2.0 ** -150, 1.5 * 2.0 ** -149, f32max * (1 + 2 ** -25)]])
     for v in x:
-        assert fa3._f32(v) == accum._round_nb(v, 0.0, 23, -126, f32max, math.inf) or (np.isnan(v))
+        assert fa3kernel._f32(v) == accum._round_nb(v, 0.0, 23, -126, f32max, math.inf) or (np.isnan(v))
     with np.errstate(over="ignore"):                         # some become inf in float32: skipped below
         a = x[:5000].astype(np.float32).astype(np.float64)
         b = (x[5000:10000] * np.ldexp(1.0, rng.integers(-40, 40, 5000))).astype(np.float32).astype(np.float64)
     for u, w in zip(a, b):
         if np.isfinite(u) and np.isfinite(w):
-            assert fa3._f32sum(u, w) == fa3._f32add(u, w)
+            assert fa3kernel._f32sum(u, w) == fa3kernel._f32add(u, w)
 
 
 @pytest.mark.parametrize("opts", [{}, dict(flush_every=1), dict(frac_bits=5, splits=2), dict(frac_bits=17)])
@@ -168,6 +168,6 @@ def test_float32_lanes_give_the_float64_paths_bits(opts):
     kT = np.ascontiguousarray(np.swapaxes(k, 1, 2))
     scale_log2 = float(np.float32(np.float32(1 / 8) * np.float32(math.log2(math.e))))
     for qk32, pv32 in ((False, False), (True, False), (False, True)):
-        ref = fa3._attend_nb(q, kT, v, 3, True, scale_log2, pk, ak, lk, 0, flush, bn, mo, sp, *targs, *s_args,
+        ref = fa3kernel._attend_nb(q, kT, v, 3, True, scale_log2, pk, ak, lk, 0, flush, bn, mo, sp, *targs, *s_args,
                              qk32, pv32, 2)
         np.testing.assert_array_equal(out, ref)
