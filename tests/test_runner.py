@@ -126,7 +126,10 @@ def test_readme_example_runs_verbatim_and_leaves_git_clean():
 def test_ctrl_c_stops_the_run_and_its_kernel_with_one_line(tmp_path):
     nb = sweep_toys.write_notebook(tmp_path)
     nb.write_text(nb.read_text().replace('print(\\"toy\\", x)', "import time; time.sleep(120)"))
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import sweep_toys; "
+    # SIGINT's default handler restored in the child: a suite started from a shell's background job
+    # inherits SIGINT ignored, and Ctrl-C could not be tested there
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import sweep_toys; "
             "from kvcost import notebook_params; notebook_params.SCHEMAS[sweep_toys.STEM] = sweep_toys.SCHEMA; "
             "from kvcost import run; sys.exit(run.main(sys.argv[1:]))")
     out = tmp_path / "run"

@@ -190,7 +190,10 @@ def test_cli_exit_codes_status_and_ctrl_c(toy):
                             "product:\n  x: [1, 2, 3]\n")
     out = toy / "out"
     # a child process: the toy schema is registered by a tiny wrapper around the CLI
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import sweep_toys; "
+    # SIGINT's default handler restored in the child: a suite started from a shell's background job
+    # inherits SIGINT ignored, and Ctrl-C could not be tested there
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import sweep_toys; "
             "from kvcost import notebook_params; notebook_params.SCHEMAS[sweep_toys.STEM] = sweep_toys.SCHEMA; "
             "from kvcost.sweep import cli; sys.exit(cli.main(sys.argv[1:]))")
     cmd = [sys.executable, "-c", code, "run", str(path), "--out", str(out)]
