@@ -148,19 +148,6 @@ def _mma_rows(tc, prod, kk, ncol, scr, fb, nearest, okind, om, oemin, ofmax):
 
 
 @njit(inline="always")
-def _mma_col64(tc, prod, kk, j, fb, om, oemin, ofmax):
-    """Column j of :func:`_mma_rows` (truncating cut and output), in float64, for float32 tc/prod."""
-    mx = abs(np.float64(tc[j]))
-    for i in range(kk):
-        mx = max(mx, abs(np.float64(prod[i, j])))
-    inv = _quanta(mx, fb)[0]
-    a = np.float64(np.int32(np.float64(tc[j]) * inv))
-    for i in range(kk):
-        a += np.float64(np.int32(np.float64(prod[i, j]) * inv))
-    tc[j] = _trunc_nb(a / inv, om, oemin, ofmax)
-
-
-@njit(inline="always")
 def _mma_rows32(tc, prod, kk, ncol, scr, fb, om, ofmax):
     """:func:`_mma_rows` in float32 lanes (twice the vector width), bit for bit, for a truncating cut
     and a truncating e8m{om} output (om <= 23), fb <= 17, finite terms whose products were exact in
@@ -171,7 +158,7 @@ def _mma_rows32(tc, prod, kk, ncol, scr, fb, om, ofmax):
     >= 2^-126, so acc * q is exact in float32, subnormals included, and truncating to om fraction
     bits is clearing the low 23 - om bits (in float32's subnormal range too, where e8m{om}'s grid
     is 2^(-126-om)). A column whose largest term is below 2^(fb - 126) (a rescaled accumulator
-    with every product zero) takes the float64 path, :func:`_mma_col64`."""
+    with every product zero) sends the instruction through :func:`_mma_rows` in float64."""
     inv = scr[0]
     acc = scr[1].view(np.int32)       # the cut terms are integers: summed as int32 (exact below 2^31)
     for j in range(ncol):
@@ -184,9 +171,12 @@ def _mma_rows32(tc, prod, kk, ncol, scr, fb, om, ofmax):
     small = False
     for j in range(ncol):
         small |= (inv[j] < lo) & (inv[j] != 0)
-    if small:
+    if small:                         # rare: the float64 instruction itself, on copies
+        t64 = tc[:ncol].astype(np.float64)
+        _mma_rows(t64, prod[:kk, :ncol].astype(np.float64), kk, ncol, np.empty((3, ncol)), fb, False,
+                  _OUT_TRUNC, om, -126, ofmax)
         for j in range(ncol):
-            _mma_col64(tc, prod, kk, j, fb, om, -126, ofmax)
+            tc[j] = t64[j]
         return
     hi = np.int32(127 + fb)
     for j in range(ncol):
