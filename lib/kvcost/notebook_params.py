@@ -150,9 +150,12 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         PathStr("data_path", "", doc="'' for the committed data/real_kv file"),
     ]),
     Schema("08_real_decoder", [
-        StrList("live_formats", list(real_decoder.STORE_FORMATS_NUMPY), choices=real_decoder.STORE_FORMATS_NUMPY,
+        StrList("live_formats", list(real_decoder.STORE_FORMATS_NUMPY),
+                choices=[f for f in realmodel.BASE_FORMATS if f != "fp32"],
                 doc="formats the live slice round-trips on the committed extract"),
         Bool("hadamard", True, doc="also the Hadamard-rotated twin of each live format"),
+        Bool("hf_layout", True, doc="also each block format with K's blocks cut in transformers' channel order "
+                                    "(@hf) instead of llama.cpp's"),
         Int("min_windows", 1, lo=1, doc="formats with fewer text windows are left out of the tables"),
         StrList("context_formats", ["fp16", "q8_0", "fp8_e4m3", "q5_1", "q5_1+hadamard", "iq4_nl", "q4_0",
                                     "q4_0+hadamard", "kivi4", "kivi2"], choices=realmodel.STORAGE_FORMATS,

@@ -9,7 +9,10 @@ GGUF dequantized to float32 with its tokenizer, offline (:func:`load`).
 Storage formats act where an engine's cache does: :class:`StoredCache` is a transformers
 ``DynamicCache`` whose ``update`` rounds each new K (after RoPE) and V through a format
 (:func:`store_kv`) before keeping them, so every query, the writing chunk's own included, reads
-the stored values — as llama.cpp's cache does in its perplexity runs.
+the stored values — as llama.cpp's cache does in its perplexity runs. A block format's blocks are
+cut along K's channels in the GGUF file's order, as llama.cpp stores K (:data:`K_LAYOUTS`):
+transformers un-permutes the Q and K weights on loading, which changes which channels share a
+block (a format name ending in ``@hf`` cuts them in transformers' order instead).
 
 torch and transformers are imported inside the functions that need them (the optional
 ``[real-model]`` extra); everything else here is numpy.
@@ -33,6 +36,9 @@ __all__ = [
     "DIST",
     "GGUF_NAME",
     "HADAMARD",
+    "HF_FORMATS",
+    "HF_LAYOUT",
+    "K_LAYOUTS",
     "STORAGE_FORMATS",
     "TEXT",
     "WINDOW_FIELDS",
@@ -40,6 +46,8 @@ __all__ = [
     "StoredCache",
     "available",
     "find_gguf",
+    "gguf_channel_order",
+    "layout_matters",
     "load",
     "parse_format",
     "sha256",
@@ -71,6 +79,43 @@ HADAMARD = "+hadamard"
 STORAGE_FORMATS = BASE_FORMATS + tuple(f + HADAMARD for f in BASE_FORMATS if f not in ("fp32", "fp16", "bf16"))
 _KIVI = {"kivi4": 4, "kivi2": 2}
 _GGML = set(quant.GGML_KINDS)
+
+#: The channel order K is stored in, which decides the channels a 32-value block (and the 64 x 64
+#: rotation) mixes. ``"gguf"``, the default: the GGUF file's order, in which llama.cpp keeps K —
+#: its RoPE (``LLAMA_ROPE_TYPE_NORM``) rotates neighbouring channels (2i, 2i + 1), so a block holds
+#: 16 whole rotation pairs of neighbouring frequencies. ``"hf"``: transformers' order, into which
+#: its GGUF loader un-permutes the Q and K weights (``rotate_half``: pairs (i, i + head_dim/2)), so
+#: a block holds one half of 32 pairs. V's weights are not permuted: its order is the same in both.
+K_LAYOUTS = ("gguf", "hf")
+#: Suffix of a format stored in the ``"hf"`` layout (only where the layout matters: :func:`layout_matters`).
+HF_LAYOUT = "@hf"
+
+
+def layout_matters(fmt: str) -> bool:
+    """True when K's channel order changes what format ``fmt`` stores: K in a block format, rotated
+    or not (its 32-value blocks group different channels). fp16/bf16/fp8 (per tensor, token or head)
+    and KIVI (K per channel, V per token) store the same values in either order, and so do their
+    rotated twins: the reordering permutes the bits of the channel index, which the Sylvester
+    Hadamard matrix commutes with (``H[i, j] = (-1)^popcount(i & j)``), so it only reorders the
+    rotated channels (up to float32 rounding in the butterfly)."""
+    return parse_format(fmt)[0] in _GGML
+
+
+#: Formats in the ``"hf"`` layout, for comparison: those whose stored values depend on it.
+HF_FORMATS = tuple(f + HF_LAYOUT for f in STORAGE_FORMATS if f.partition("/")[0].partition("+")[0] in _GGML)
+
+
+def gguf_channel_order(head_dim: int) -> np.ndarray:
+    """Index ``g`` such that ``k_hf[..., g]`` is K in the GGUF file's channel order.
+
+    llama.cpp's converter permutes each head's rows of the Q and K weights so that channel
+    ``2i + a`` holds transformers' channel ``a * head_dim/2 + i`` (``convert_hf_to_gguf.py``,
+    ``LlamaModel.permute``; transformers' ``_reverse_permute_weights`` undoes it on loading).
+    """
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"parameter 'head_dim' must be an even integer >= 2, got {head_dim!r}")
+    half = head_dim // 2
+    return np.array([a * half + i for i in range(half) for a in range(2)])
 
 
 def find_gguf(dist: str = DIST, name: str = GGUF_NAME) -> Path:
@@ -132,14 +177,22 @@ def load(threads: int = 2) -> tuple[Any, Any]:
 
 # ------------------------------------------------------------------ storage formats
 
-def parse_format(fmt: str) -> tuple[str, str, bool]:
-    """``(k_format, v_format, hadamard)`` of a storage format name (see :data:`STORAGE_FORMATS`)."""
+def parse_format(fmt: str) -> tuple[str, str, bool, str]:
+    """``(k_format, v_format, hadamard, k_layout)`` of a storage format name: one of
+    :data:`STORAGE_FORMATS` (``k_layout`` ``"gguf"``) or :data:`HF_FORMATS` (``"hf"``)."""
     if not isinstance(fmt, str) or fmt not in STORAGE_FORMATS:
-        raise ValueError(f"parameter 'fmt' must be one of {list(STORAGE_FORMATS)}, got {fmt!r}")
+        if isinstance(fmt, str) and fmt.endswith(HF_LAYOUT) and fmt[:-len(HF_LAYOUT)] in STORAGE_FORMATS:
+            if fmt in HF_FORMATS:
+                return (*parse_format(fmt[:-len(HF_LAYOUT)])[:3], "hf")
+            raise ValueError(f"parameter 'fmt': {fmt!r}: {HF_LAYOUT!r} (transformers' channel order) changes only "
+                             "formats storing K in blocks; this one stores the same values in either order, "
+                             f"so name it {fmt[:-len(HF_LAYOUT)]!r}")
+        raise ValueError(f"parameter 'fmt' must be one of {list(STORAGE_FORMATS)}, or a block format among them "
+                         f"with {HF_LAYOUT!r} (K's blocks in transformers' channel order), got {fmt!r}")
     had = fmt.endswith(HADAMARD)
     base = fmt[:-len(HADAMARD)] if had else fmt
     k_fmt, _, v_fmt = base.partition("/")
-    return k_fmt, v_fmt or k_fmt, had
+    return k_fmt, v_fmt or k_fmt, had, "gguf"
 
 
 def _store_one(x: np.ndarray, fmt: str) -> np.ndarray:
@@ -163,14 +216,19 @@ def _store_one(x: np.ndarray, fmt: str) -> np.ndarray:
 def store_kv(k: np.ndarray, v: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
     """K and V ``(..., tokens, head_dim)`` as the cache in format ``fmt`` hands them to attention.
 
-    float32 in and out. With :data:`HADAMARD` the channels are rotated by the normalized
+    float32 in and out, K in transformers' channel order (as the model computes it). K is stored
+    in the GGUF file's order (:data:`K_LAYOUTS`; transformers' own with a ``@hf`` name) and handed
+    back in transformers'. With :data:`HADAMARD` the channels are rotated by the normalized
     Hadamard matrix, stored, and rotated back (the same as attending in the rotated basis with
     a rotated query, since the rotation is orthonormal). KIVI quantizes the tokens given
     together (its end-of-prefill layout, :func:`kvcost.quant.kivi_roundtrip`).
     """
-    k_fmt, v_fmt, had = parse_format(fmt)
+    k_fmt, v_fmt, had, layout = parse_format(fmt)
     k = np.asarray(k, dtype=np.float32)
     v = np.asarray(v, dtype=np.float32)
+    order = gguf_channel_order(k.shape[-1]) if layout == "gguf" and layout_matters(fmt) else None
+    if order is not None:
+        k = k[..., order]
     if had:
         k, v = (quant.hadamard_rotate(x).astype(np.float32) for x in (k, v))
     if k_fmt in _KIVI:
@@ -179,7 +237,9 @@ def store_kv(k: np.ndarray, v: np.ndarray, fmt: str) -> tuple[np.ndarray, np.nda
         kh, vh = _store_one(k, k_fmt), _store_one(v, v_fmt)
     if had:
         kh, vh = (quant.hadamard_rotate(np.asarray(x, dtype=np.float32)) for x in (kh, vh))
-    return np.asarray(kh, dtype=np.float32), np.asarray(vh, dtype=np.float32)
+    if order is not None:
+        kh = np.asarray(kh)[..., np.argsort(order)]
+    return np.ascontiguousarray(kh, dtype=np.float32), np.ascontiguousarray(vh, dtype=np.float32)
 
 
 def _stored_cache_class() -> type:

@@ -15,7 +15,7 @@ from ..experiments import realmodel as tables
 from ..output import repo_root
 from .report import Check
 
-__all__ = ["MATCH_REL", "llamacpp_checks", "load_claims", "readings", "register_failure"]
+__all__ = ["MATCH_REL", "layout_check", "llamacpp_checks", "load_claims", "readings", "register_failure"]
 
 #: "matches f16 perplexity" is read as: the mean Δ perplexity from the fp16 cache is within
 #: 0.5% of the fp16 perplexity (the published example, llama.cpp issue #20977, is 0.006%).
@@ -111,6 +111,27 @@ def llamacpp_checks(comparison: pd.DataFrame) -> list[Check]:
                              f"llama.cpp Δ {r.llamacpp_dppl:+.4f}", f"ours Δ {r.ours_dppl:+.4f} over {r.windows} "
                              f"windows", bool(r.agrees), f"tolerance: intervals + engine gap {r.floor:.4f}"))
     return out
+
+
+def layout_check(comparison: pd.DataFrame) -> Check | None:
+    """Whether K's channel order decides the llama.cpp comparison: every block format we store in
+    llama.cpp's order (the GGUF file's) agrees with llama.cpp's excess KL, while in transformers'
+    order (``@hf``) at least one does not. None when no format was run both ways."""
+    both = comparison[comparison["kl_agrees"].notna() & comparison["kl_ratio_hf"].notna()]
+    if both.empty:
+        return None
+    tol = tables.KL_REL_TOL
+    off = both[(both["kl_ratio_hf"] - 1).abs() > tol]
+    ours_ok = bool(both["kl_agrees"].all())
+    worst = both.loc[(both["kl_ratio_hf"] - 1).abs().idxmax()]
+    return Check("llama.cpp keeps K in the GGUF file's channel order (RoPE pairs side by side): a block "
+                 "format's loss depends on which channels share a block",
+                 "our KL within the tolerance of llama.cpp's only when K's blocks follow its order",
+                 f"llama.cpp / ours KL ratio {both['kl_ratio'].min():.2f}–{both['kl_ratio'].max():.2f} in its "
+                 f"order, {both['kl_ratio_hf'].min():.2f}–{both['kl_ratio_hf'].max():.2f} in transformers' "
+                 f"({len(off)} of {len(both)} outside, worst {worst['format']} at {int(worst['context'])} tokens)",
+                 ours_ok and not off.empty,
+                 f"tolerance: ratio within {tol:.0%} of 1; formats run both ways on the same windows")
 
 
 def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bits: int = 13,

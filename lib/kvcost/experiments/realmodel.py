@@ -8,6 +8,8 @@ themselves (torch) are ``scripts/real_model_*.py`` and ``scripts/llamacpp_refere
 - :func:`llamacpp_comparison`: our Δ from the fp16 cache beside llama.cpp's on the same windows,
   with the tolerance the comparison is judged by (:func:`agreement`).
 - :func:`passkey_table`: retrieval success per (context, variant) with Wilson intervals.
+- :func:`layout_comparison`: a block format's loss with K's channels in the GGUF file's order
+  (llama.cpp's, the default) against transformers' order (``@hf``), on the same windows.
 - :func:`live_slice`: the numpy part of the pipeline on the committed extract (storage error of
   each format on real K/V, score spread and sink share of real queries), for nbval.
 """
@@ -17,16 +19,16 @@ import json
 import math
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pandas as pd
 
-from .. import quant, realkv, stats
+from .. import realkv, realmodel, stats
 from ..output import repo_root
 
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
-           "fast_vs_faithful_summary", "format_table", "head_summary", "live_slice", "llamacpp_comparison",
-           "collapse_table", "frac_bits_of", "load_provenance", "load_windows", "passkey_pivot", "passkey_table"]
+           "fast_vs_faithful_summary", "format_table", "head_summary", "layout_comparison", "live_slice",
+           "llamacpp_comparison", "collapse_table", "frac_bits_of", "load_provenance", "load_windows", "passkey_pivot",
+           "passkey_table"]
 
 DATA = Path("data") / "real_model"
 #: KL agreement: llama.cpp's KL minus its own floor (its bf16-cache KL on the same windows: Q rounded to
@@ -41,7 +43,7 @@ T95 = (12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.44691
        2.262157163, 2.228138852, 2.200985160, 2.178812830, 2.160368656, 2.144786688, 2.131449546, 2.119905299,
        2.109815578, 2.100922040, 2.093024054, 2.085963447, 2.079613845, 2.073873068, 2.068657610, 2.063898562,
        2.059538553, 2.055529439, 2.051830516, 2.048407142, 2.045229642, 2.042272456)
-#: The formats :func:`live_slice` round-trips with numpy alone (kvcost.realmodel.store_kv's numpy path).
+#: The formats :func:`live_slice` round-trips by default (kvcost.realmodel.store_kv is numpy alone).
 STORE_FORMATS_NUMPY = ("bf16", "fp8_e4m3", "q8_0", "q4_0", "q5_1", "iq4_nl", "kivi2")
 
 
@@ -132,7 +134,9 @@ def llamacpp_comparison(ours: pd.DataFrame, theirs: pd.DataFrame) -> pd.DataFram
     is the two engines' fp16-cache perplexity gap (mean absolute over the windows); ``agrees``
     is None (not tested) with fewer than two windows, where no interval exists. ``kl_ratio`` is
     (llama.cpp's KL − its bf16 floor) / ours and ``kl_agrees`` whether it is within
-    :data:`KL_REL_TOL` of 1 (None when our KL is below :data:`KL_MEASURABLE` floors)."""
+    :data:`KL_REL_TOL` of 1 (None when our KL is below :data:`KL_MEASURABLE` floors).
+    ``kl_ratio_hf``: the same ratio against our ``@hf`` row (K's blocks cut in transformers'
+    channel order instead of llama.cpp's) where it ran on the same windows, else NaN."""
     a, b = _per_window(ours), _per_window(theirs)
     common = set(zip(b["context"], b["window"], b["format"])) & set(zip(a["context"], a["window"], a["format"]))
     rows = []
@@ -156,13 +160,40 @@ def llamacpp_comparison(ours: pd.DataFrame, theirs: pd.DataFrame) -> pd.DataFram
             fl = float(kl_floor.reindex(w).mean()) if len(kl_floor) else math.nan
             measurable = fmt != "bf16" and not math.isnan(fl) and ours_kl >= KL_MEASURABLE * fl
             ratio = (their_kl - fl) / ours_kl if measurable else math.nan
+            hf = a[(a["context"] == c) & (a["format"] == fmt + realmodel.HF_LAYOUT) & a["window"].isin(w)]
+            ratio_hf = (their_kl - fl) / float(hf["kl"].mean()) if measurable and len(hf) == len(w) else math.nan
             rows.append({"context": c, "format": fmt, "windows": len(w), "ours_dppl": ma, "ours_lo": la,
                          "ours_hi": ha, "llamacpp_dppl": mb, "llamacpp_lo": lb, "llamacpp_hi": hb,
                          "ours_kl": ours_kl, "llamacpp_kl": their_kl, "llamacpp_kl_floor": fl,
                          "kl_ratio": ratio, "kl_agrees": bool(abs(ratio - 1) <= KL_REL_TOL) if measurable else None,
-                         "floor": floor,
+                         "kl_ratio_hf": ratio_hf, "floor": floor,
                          "agrees": agreement(ma, half_a, mb, half_b, floor) if len(w) >= 2 else None})
     return pd.DataFrame(rows)
+
+
+def layout_comparison(df: pd.DataFrame) -> pd.DataFrame:
+    """Each block or rotated format stored with K's channels in llama.cpp's order (the GGUF file's,
+    the default) and in transformers' (``@hf``), on the windows both ran: one row per (context,
+    format) with ``windows``, ``kl_gguf``, ``kl_hf``, ``ratio`` (gguf / hf, of the mean KLs) and its
+    Student-t 95% interval over windows of the per-window ratio (``ratio_lo``, ``ratio_hi``; NaN
+    with one window), ``dppl_gguf``, ``dppl_hf``. Sorted by context, then ratio."""
+    d = _per_window(df)
+    rows = []
+    for (c, fmt), g in d[d["format"].str.endswith(realmodel.HF_LAYOUT)].groupby(["context", "format"]):
+        base = fmt[:-len(realmodel.HF_LAYOUT)]
+        hf = g.set_index("window")
+        gg = d[(d["context"] == c) & (d["format"] == base)].set_index("window")
+        w = sorted(set(hf.index) & set(gg.index))
+        if not w:
+            continue
+        _, lo, hi = _t_interval((gg.loc[w, "kl"] / hf.loc[w, "kl"]).to_numpy())
+        kg, kh = float(gg.loc[w, "kl"].mean()), float(hf.loc[w, "kl"].mean())
+        rows.append({"context": int(c), "format": base, "windows": len(w), "kl_gguf": kg, "kl_hf": kh,
+                     "ratio": kg / kh, "ratio_lo": lo, "ratio_hi": hi,
+                     "dppl_gguf": float(gg.loc[w, "dppl"].mean()), "dppl_hf": float(hf.loc[w, "dppl"].mean())})
+    cols = ["context", "format", "windows", "kl_gguf", "kl_hf", "ratio", "ratio_lo", "ratio_hi", "dppl_gguf",
+            "dppl_hf"]
+    return pd.DataFrame(rows, columns=cols).sort_values(["context", "ratio", "format"], ignore_index=True)
 
 
 def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -296,24 +327,16 @@ def head_summary(heads: pd.DataFrame, queries: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["measure", "value"])
 
 
-def _roundtrip(k: np.ndarray, v: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
-    k32, v32 = k.astype(np.float32), v.astype(np.float32)
-    if fmt == "bf16":
-        return (x.astype(ml_dtypes.bfloat16).astype(np.float32) for x in (k32, v32))
-    if fmt == "fp8_e4m3":
-        return quant.fp8_roundtrip(k32, "e4m3", scale=1.0), quant.fp8_roundtrip(v32, "e4m3", scale=1.0)
-    if fmt == "kivi2":
-        return quant.kivi_roundtrip(k32, v32, 2, group_size=32, residual=128)
-    return quant.ggml_roundtrip(k32, fmt), quant.ggml_roundtrip(v32, fmt)
-
-
 def live_slice(path: str | Path | None = None, formats: tuple[str, ...] = STORE_FORMATS_NUMPY,
-               hadamard: bool = True) -> pd.DataFrame:
+               hadamard: bool = True, hf_layout: bool = False) -> pd.DataFrame:
     """The storage step on real K/V, recomputed from the committed extract with numpy alone.
 
-    For each format (and its Hadamard-rotated twin): relative L2 error of K and V, and of the
-    attention output of the extract's last 64 real queries (their scores against the stored K,
-    softmax, times the stored V) against the unquantized cache, median over layers and heads.
+    For each format (and its Hadamard-rotated twin, where the format has one; with ``hf_layout`` also
+    its ``@hf`` twin where
+    K's channel order matters): relative L2 error of K and V, and of the attention output of the
+    extract's last 64 real queries (their scores against the stored K, softmax, times the stored
+    V) against the unquantized cache, median over layers and heads. The round trip is
+    :func:`kvcost.realmodel.store_kv`, the one the model runs use.
     """
     p = Path(path) if path else DATA / "smollm2_kv.npz"
     if not p.is_absolute():
@@ -336,18 +359,21 @@ def live_slice(path: str | Path | None = None, formats: tuple[str, ...] = STORE_
                 out[layer, h] = (e / e.sum(axis=1, keepdims=True)) @ vv[layer, h // group]
         return out
 
-    ref = attend(k, v)
-    rows = []
-    for fmt in formats:
-        for rot in ((False, True) if hadamard else (False,)):
-            kk, vv = (quant.hadamard_rotate(x) for x in (k, v)) if rot else (k, v)
-            kh, vh = _roundtrip(kk, vv, fmt)
-            kh, vh = (quant.hadamard_rotate(np.asarray(x, dtype=np.float64)) for x in (kh, vh)) if rot else \
-                (np.asarray(kh, dtype=np.float64), np.asarray(vh, dtype=np.float64))
-            out = attend(kh, vh)
+    def rel(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.median(np.linalg.norm(a - b, axis=(-2, -1)) / np.linalg.norm(b, axis=(-2, -1))))
 
-            def rel(a: np.ndarray, b: np.ndarray) -> float:
-                return float(np.median(np.linalg.norm(a - b, axis=(-2, -1)) / np.linalg.norm(b, axis=(-2, -1))))
-            rows.append({"format": fmt + ("+hadamard" if rot else ""), "k_rel_l2": rel(kh, k),
-                         "v_rel_l2": rel(vh, v), "out_rel_l2": rel(out, ref)})
+    ref = attend(k, v)
+    names = []
+    for fmt in formats:
+        realmodel.parse_format(fmt)
+        twin = fmt + realmodel.HADAMARD
+        for name in ([fmt, twin] if hadamard and twin in realmodel.STORAGE_FORMATS else [fmt]):
+            names.append(name)
+            if hf_layout and realmodel.layout_matters(name):
+                names.append(name + realmodel.HF_LAYOUT)
+    rows = []
+    for name in names:
+        kh, vh = (np.asarray(x, dtype=np.float64) for x in realmodel.store_kv(k, v, name))
+        rows.append({"format": name, "k_rel_l2": rel(kh, k), "v_rel_l2": rel(vh, v),
+                     "out_rel_l2": rel(attend(kh, vh), ref)})
     return pd.DataFrame(rows)
