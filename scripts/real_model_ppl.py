@@ -9,7 +9,8 @@ Text: data/text/pride_and_prejudice.txt, tokenized without special tokens; its f
 ``--tokens`` tokens (default 16,384) are cut into consecutive windows of ``--context`` tokens.
 Each window is one forward pass with a fresh cache whose K (after RoPE) and V are stored in the
 format (kvcost.realmodel.StoredCache: every query reads the stored values, as llama.cpp's cache
-does). As llama.cpp's perplexity tool does, only the second half of a window is scored: logits at
+does; block formats cut K's blocks in llama.cpp's channel order, ``<format>@hf`` in transformers' —
+sweep real_model_layout). As llama.cpp's perplexity tool does, only the second half of a window is scored: logits at
 positions C/2 .. C-2 predict tokens C/2+1 .. C-1 (C/2 - 1 predictions per window).
 
 One CSV row per (context, window, format), appended as soon as it is computed
