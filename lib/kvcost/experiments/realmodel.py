@@ -173,7 +173,7 @@ def llamacpp_comparison(ours: pd.DataFrame, theirs: pd.DataFrame) -> pd.DataFram
 
 
 def layout_comparison(df: pd.DataFrame) -> pd.DataFrame:
-    """Each block or rotated format stored with K's channels in llama.cpp's order (the GGUF file's,
+    """Each block format (plain or rotated) stored with K's channels in llama.cpp's order (the GGUF file's,
     the default) and in transformers' (``@hf``), on the windows both ran: one row per (context,
     format) with ``windows``, ``kl_gguf``, ``kl_hf``, ``ratio`` (gguf / hf, of the mean KLs) and its
     Student-t 95% interval over windows of the per-window ratio (``ratio_lo``, ``ratio_hi``; NaN
@@ -334,8 +334,7 @@ def live_slice(path: str | Path | None = None, formats: tuple[str, ...] = STORE_
     """The storage step on real K/V, recomputed from the committed extract with numpy alone.
 
     For each format (and its Hadamard-rotated twin, where the format has one; with ``hf_layout`` also
-    its ``@hf`` twin where
-    K's channel order matters): relative L2 error of K and V, and of the attention output of the
+    its ``@hf`` twin where K's channel order matters): relative L2 error of K and V, and of the attention output of the
     extract's last 64 real queries (their scores against the stored K, softmax, times the stored
     V) against the unquantized cache, median over layers and heads. The round trip is
     :func:`kvcost.realmodel.store_kv`, the one the model runs use.
