@@ -394,3 +394,66 @@ def test_register_failure_says_which_way_the_fast_mode_errs():
     assert "upper estimate" in claims.register_failure(
         table, modes=modes.assign(fast_successes=[9, 7])).note
     assert "not checked against the faithful mode" in claims.register_failure(table).note
+
+
+# ------------------------------------------------------------------ storage loss against retrieval
+
+def test_mcnemar_exact_and_holm():
+    # 11 discordant trials all one way: p = 2 * 2^-11; an even split or none at all: p = 1
+    assert stats.mcnemar_exact(11, 0) == 2 / 2 ** 11
+    assert stats.mcnemar_exact(3, 1) == 2 * (1 + 4) / 16
+    assert stats.mcnemar_exact(0, 0) == 1.0 and stats.mcnemar_exact(5, 5) == 1.0
+    # Holm: 0.005 <= 0.05/4, 0.01 <= 0.05/3, 0.03 > 0.05/2 stops (0.04 is not tested)
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
+    assert stats.holm([]) == []
+    for bad, match in (((-1, 0), "'lost'"), ((1, 2.0), "'gained'")):
+        with pytest.raises(ValueError, match=match):
+            stats.mcnemar_exact(*bad)
+    with pytest.raises(ValueError, match="'alpha'"):
+        stats.holm([0.1], alpha=1.5)
+    with pytest.raises(ValueError, match="'pvalues'"):
+        stats.holm([1.2])
+
+
+def _pk(context, variant, successes):
+    return pd.DataFrame({"context": context, "trial": range(len(successes)), "variant": variant,
+                         "success": successes, "margin": 1.0})
+
+
+def test_storage_retrieval_pairs_trials_and_corrects_for_many_cells():
+    exact = [1] * 18 + [0, 0]
+    rows = pd.concat([_pk(1024, "exact", exact),
+                      _pk(1024, "store:q4_0", [0] * 10 + [1] * 8 + [1, 0]),      # lost 10, gained 1
+                      _pk(1024, "store:q8_0", [1] * 17 + [0, 1, 1]),             # lost 1, gained 2
+                      _pk(1024, "store:q5_0", [1] * 19 + [0]),                   # 19 trials only
+                      _pk(2048, "store:q4_0", [1] * 20)])                        # no exact at 2048
+    rows = rows[~((rows["variant"] == "store:q5_0") & (rows["trial"] == 19))]
+    fmt = pd.DataFrame({"context": [2048, 2048, 4096], "format": ["q4_0", "q8_0", "q4_0"],
+                        "kl": [0.13, 0.0005, 0.11], "dppl": [3.2, 0.02, 2.5]})
+    t = real.storage_retrieval(rows, fmt).set_index("format")
+    assert list(t.index) == ["q8_0", "q4_0"]                    # sorted by KL; unpaired cells dropped
+    q4 = t.loc["q4_0"]
+    assert (q4["lost"], q4["gained"], q4["successes"], q4["exact_successes"]) == (10, 1, 9, 18)
+    assert q4["p_value"] == stats.mcnemar_exact(10, 1) and bool(q4["loses_needle"])
+    assert q4["kl"] == 0.13 and q4["kl_context"] == 2048       # the nearest context measured
+    assert not bool(t.loc["q8_0", "loses_needle"]) and t.loc["q8_0", "text"] == stats.rate_text(19, 20)
+    check = claims.storage_symptom(t.reset_index(), claims.load_claims())
+    assert not check.agrees and "1 of 2 stored-format cells" in check.computed
+    assert "q4_0 at 1024 (9/20 vs exact 18/20)" in check.computed and "kept ≤ 0.001, lost ≥ 0.130" in check.computed
+    # Holm: the same q4_0 cell among many others whose p-values are 1 stays rejected, a weak one does not
+    weak = real.storage_retrieval(pd.concat([_pk(1024, "exact", [1] * 20), _pk(1024, "store:q4_0", [0] * 4 + [1] * 16)]
+                                            + [_pk(1024, f"store:{f}", [1] * 20) for f in ("q8_0", "q5_0", "q5_1")]),
+                                  fmt)
+    assert weak.set_index("format").loc["q4_0", "p_value"] == 0.125 and not weak["loses_needle"].any()
+    assert claims.storage_symptom(weak, claims.load_claims()).agrees
+    assert claims.storage_symptom(real.storage_retrieval(rows.iloc[:0], fmt), claims.load_claims()) is None
+
+
+def test_committed_passkey_storage_reading():
+    """On the committed grid, 4-bit q4_0 and 2-bit KIVI lose the passkey against exact attention;
+    q8_0 never does."""
+    fmt = real.format_table(real.load_windows())
+    t = real.storage_retrieval(pd.read_csv(repo_root() / real.DATA / "passkey.csv"), fmt)
+    lost = set(zip(t.loc[t["loses_needle"], "format"], t.loc[t["loses_needle"], "context"]))
+    assert {("q4_0", 1024), ("kivi2", 1024), ("q4_0", 8192)} <= lost
+    assert not t[t["format"].isin(["q8_0", "q8_0@hf", "bf16"])]["loses_needle"].any()

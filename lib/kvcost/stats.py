@@ -1,15 +1,21 @@
-"""Rates with honest intervals: the Wilson score interval for a binomial proportion.
+"""Rates with honest intervals: the Wilson score interval for a binomial proportion, and paired tests.
 
 Every rate kvcost reports (needles lost, passkeys retrieved) is k successes in n trials;
 its 95% interval is Wilson's (Wilson 1927; Brown, Cai & DasGupta 2001 recommend it over the
 normal approximation, which collapses to a point at 0 and n).
+
+Two variants run on the same trials (the same prompts) are compared pairwise: only the trials
+where they disagree carry information, and McNemar's exact test asks whether those split
+evenly (:func:`mcnemar_exact`). Many such comparisons at once are held to a family-wise 5%
+with Holm's step-down correction (:func:`holm`), so that a verdict does not rest on the one
+comparison in twenty that a 5% test gets wrong by chance.
 """
 from __future__ import annotations
 
 import math
 import numbers
 
-__all__ = ["Z95", "wilson", "rate_text", "intervals_overlap"]
+__all__ = ["Z95", "wilson", "rate_text", "intervals_overlap", "mcnemar_exact", "holm"]
 
 Z95 = 1.959963984540054   # the standard normal's 97.5% quantile
 
@@ -48,3 +54,35 @@ def rate_text(successes: int, trials: int, digits: int = 0) -> str:
 def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """True when two intervals share a point (a conservative 'not distinguishable')."""
     return a[0] <= b[1] and b[0] <= a[1]
+
+
+def mcnemar_exact(lost: int, gained: int) -> float:
+    """Two-sided exact McNemar p-value for paired trials: ``lost`` trials one variant fails where
+    the other succeeds, ``gained`` the reverse. Under "no difference" each discordant trial goes
+    either way with probability 1/2, so the p-value is twice the binomial tail of the smaller count
+    (capped at 1); 1.0 when no trial is discordant."""
+    for name, value in (("lost", lost), ("gained", gained)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"parameter {name!r} must be a non-negative integer, got {value!r}")
+    b, n = min(lost, gained), lost + gained
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(b + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def holm(pvalues: object, alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down rejections for a family of p-values at family-wise error ``alpha``: the
+    i-th smallest (from 0) is rejected while it is at most alpha / (m - i); the first that is not
+    stops the procedure. Returns one bool per p-value, in the order given."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"parameter 'alpha' must be in (0, 1), got {alpha!r}")
+    ps = [float(p) for p in pvalues]  # type: ignore[union-attr]
+    if any(not 0 <= p <= 1 for p in ps):
+        raise ValueError(f"parameter 'pvalues' must hold probabilities in [0, 1], got {ps!r}")
+    reject = [False] * len(ps)
+    for i, j in enumerate(sorted(range(len(ps)), key=ps.__getitem__)):
+        if ps[j] > alpha / (len(ps) - i):
+            break
+        reject[j] = True
+    return reject

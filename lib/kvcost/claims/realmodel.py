@@ -15,7 +15,8 @@ from ..experiments import realmodel as tables
 from ..output import repo_root
 from .report import Check
 
-__all__ = ["MATCH_REL", "layout_check", "llamacpp_checks", "load_claims", "readings", "register_failure"]
+__all__ = ["MATCH_REL", "layout_check", "llamacpp_checks", "load_claims", "readings", "register_failure",
+           "storage_symptom"]
 
 #: "matches f16 perplexity" is read as: the mean Δ perplexity from the fp16 cache is within
 #: 0.5% of the fp16 perplexity (the published example, llama.cpp issue #20977, is 0.006%).
@@ -183,3 +184,30 @@ def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bit
                  f"near {n_fail:,} tokens",
                  n_fail <= 131072,
                  f"holds when the predicted failing context is at or below 128k; {setting}")
+
+
+def storage_symptom(retrieval: pd.DataFrame, claims: pd.DataFrame, alpha: float = 0.05) -> Check | None:
+    """The post's division of symptoms — storage quantization shows as drift and perplexity, a lost needle
+    is accumulation's — read on the passkey grid: it holds when no stored format loses the passkey against
+    exact attention on the same trials (``retrieval``,
+    :func:`kvcost.experiments.realmodel.storage_retrieval`, Holm-corrected at family-wise ``alpha``). The
+    measured side names the cells that do, and the KL divergence that separates the formats that keep the
+    passkey from those that lose it. None without stored-format cells."""
+    if retrieval.empty:
+        return None
+    lost = retrieval[retrieval["loses_needle"]]
+    kept = retrieval[~retrieval["loses_needle"]]
+    cells = "; ".join(f"{r.format} at {r.context} ({r.successes}/{r.trials} vs exact {r.exact_successes}/{r.trials})"
+                      for r in lost.itertuples())
+    measured = (f"{len(lost)} of {len(retrieval)} stored-format cells lose the passkey against exact attention"
+                + (f": {cells}" if len(lost) else ""))
+    if len(lost) and len(kept):
+        hi_kept, lo_lost = float(kept["kl"].max()), float(lost["kl"].min())
+        measured += (f"; KL (nats/token from the fp32 cache) separates them: kept ≤ {hi_kept:.3f}, lost ≥ {lo_lost:.3f}"
+                     if hi_kept < lo_lost else
+                     f"; the KL ranges overlap (kept up to {hi_kept:.3f}, lost from {lo_lost:.3f} nats/token): "
+                     "KL alone does not decide whether the passkey is kept")
+    return Check("The post: storage quantization's symptom is drift and higher perplexity; losing the needle is "
+                 "accumulation's", str(claims.loc["post_storage_symptom", "where"]), measured, lost.empty,
+                 f"exact McNemar test on the same trials, Holm-corrected over {len(retrieval)} cells at "
+                 f"family-wise {alpha:.0%}; SmolLM2-135M, RULER passkey, 1k–8k tokens")

@@ -8,6 +8,8 @@ themselves (torch) are ``scripts/real_model_*.py`` and ``scripts/llamacpp_refere
 - :func:`llamacpp_comparison`: our Δ from the fp16 cache beside llama.cpp's on the same windows,
   with the tolerance the comparison is judged by (:func:`agreement`).
 - :func:`passkey_table`: retrieval success per (context, variant) with Wilson intervals.
+- :func:`storage_retrieval`: whether a stored format loses the passkey against exact attention on
+  the same trials (McNemar, Holm-corrected), beside the format's KL divergence.
 - :func:`layout_comparison`: a block format's loss with K's channels in the GGUF file's order
   (llama.cpp's, the default) against transformers' order (``@hf``), on the same windows.
 - :func:`live_slice`: the numpy part of the pipeline on the committed extract (storage error of
@@ -28,7 +30,7 @@ from ..output import repo_root
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
            "fast_vs_faithful_summary", "format_table", "head_summary", "layout_comparison", "live_slice",
            "llamacpp_comparison", "collapse_table", "frac_bits_of", "load_provenance", "load_windows", "passkey_pivot",
-           "passkey_table"]
+           "passkey_table", "storage_retrieval"]
 
 DATA = Path("data") / "real_model"
 #: KL agreement: llama.cpp's KL minus its own floor (its bf16-cache KL on the same windows: K and V in
@@ -227,6 +229,51 @@ def passkey_pivot(table: pd.DataFrame) -> pd.DataFrame:
     out = table.pivot(index="variant", columns="context", values="text").reindex(order).fillna("")
     out.columns = [f"{c} tokens" for c in out.columns]
     return out
+
+
+#: Store variants are named ``store:<format>`` in the passkey grid.
+STORE_PREFIX = "store:"
+
+
+def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials: int = 20,
+                      alpha: float = 0.05) -> pd.DataFrame:
+    """Does a storage format's loss reach retrieval? Per (context, ``store:`` variant) run on at least
+    ``min_trials`` trials that exact attention also ran: ``successes`` against exact's on the same trials,
+    the discordant trials (``lost``: exact retrieved, the format did not; ``gained``: the reverse), the
+    exact McNemar ``p_value`` and ``loses_needle`` — rejected by Holm's correction over all the rows at
+    family-wise ``alpha``, with more trials lost than gained. Beside it, the format's mean KL divergence
+    and Δ perplexity from the fp32 cache (``fmt_table``, :func:`format_table`) at the same context, or at
+    the nearest context measured when the passkey's was not (``kl_context`` says which; a format's KL
+    barely moves between 2k and 8k tokens, notebook 08). Sorted by context, then KL."""
+    cols = ["context", "format", "trials", "successes", "exact_successes", "lost", "gained", "p_value",
+            "loses_needle", "text", "kl", "dppl", "kl_context"]
+    if pk_rows.empty:
+        return pd.DataFrame(columns=cols)
+    exact = pk_rows[pk_rows["variant"] == "exact"].set_index(["context", "trial"])["success"]
+    rows = []
+    for (c, v), g in pk_rows[pk_rows["variant"].str.startswith(STORE_PREFIX)].groupby(["context", "variant"]):
+        key = [(c, t) for t in g["trial"]]
+        paired = [k in exact.index for k in key]
+        if sum(paired) < min_trials:
+            continue
+        mine = g["success"].to_numpy()[paired].astype(bool)
+        ref = exact.loc[[k for k, ok in zip(key, paired) if ok]].to_numpy().astype(bool)
+        lost, gained = int((ref & ~mine).sum()), int((mine & ~ref).sum())
+        fmt = v[len(STORE_PREFIX):]
+        measured = fmt_table[fmt_table["format"] == fmt]
+        near = (measured.iloc[(measured["context"] - c).abs().argsort()].iloc[0] if len(measured) else None)
+        rows.append({"context": int(c), "format": fmt, "trials": len(mine), "successes": int(mine.sum()),
+                     "exact_successes": int(ref.sum()), "lost": lost, "gained": gained,
+                     "p_value": stats.mcnemar_exact(lost, gained), "loses_needle": False,
+                     "text": stats.rate_text(int(mine.sum()), len(mine)),
+                     "kl": float(near["kl"]) if near is not None else math.nan,
+                     "dppl": float(near["dppl"]) if near is not None else math.nan,
+                     "kl_context": int(near["context"]) if near is not None else None})
+    out = pd.DataFrame(rows, columns=cols)
+    if len(out):
+        reject = stats.holm(out["p_value"], alpha)
+        out["loses_needle"] = [r and lo > ga for r, lo, ga in zip(reject, out["lost"], out["gained"])]
+    return out.sort_values(["context", "kl", "format"], ignore_index=True)
 
 
 def frac_bits_of(variant: str, full_bits: int = 13) -> int | None:
