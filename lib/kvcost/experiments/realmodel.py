@@ -243,7 +243,7 @@ def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials
     exact McNemar ``p_value`` and ``loses_needle`` — rejected by Holm's correction over all the rows at
     family-wise ``alpha``, with more trials lost than gained. Beside it, the format's mean KL divergence
     and Δ perplexity from the fp32 cache (``fmt_table``, :func:`format_table`) at the same context, or at
-    the nearest context measured when the passkey's was not (``kl_context`` says which; a format's KL
+    the nearest context measured (the shorter on a tie) when the passkey's was not (``kl_context`` says which; a format's KL
     barely moves between 2k and 8k tokens, notebook 08). Sorted by context, then KL."""
     cols = ["context", "format", "trials", "successes", "exact_successes", "lost", "gained", "p_value",
             "loses_needle", "text", "kl", "dppl", "kl_context"]
@@ -260,8 +260,8 @@ def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials
         ref = exact.loc[[k for k, ok in zip(key, paired) if ok]].to_numpy().astype(bool)
         lost, gained = int((ref & ~mine).sum()), int((mine & ~ref).sum())
         fmt = v[len(STORE_PREFIX):]
-        measured = fmt_table[fmt_table["format"] == fmt]
-        near = (measured.iloc[(measured["context"] - c).abs().argsort()].iloc[0] if len(measured) else None)
+        measured = fmt_table[fmt_table["format"] == fmt].sort_values("context")
+        near = measured.iloc[(measured["context"] - c).abs().argsort(kind="stable")].iloc[0] if len(measured) else None
         rows.append({"context": int(c), "format": fmt, "trials": len(mine), "successes": int(mine.sum()),
                      "exact_successes": int(ref.sum()), "lost": lost, "gained": gained,
                      "p_value": stats.mcnemar_exact(lost, gained), "loses_needle": False,
