@@ -243,8 +243,8 @@ def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials
     exact McNemar ``p_value`` and ``loses_needle`` — rejected by Holm's correction over all the rows at
     family-wise ``alpha``, with more trials lost than gained. Beside it, the format's mean KL divergence
     and Δ perplexity from the fp32 cache (``fmt_table``, :func:`format_table`) at the same context, or at
-    the nearest context measured (the shorter on a tie) when the passkey's was not (``kl_context`` says which; a format's KL
-    barely moves between 2k and 8k tokens, notebook 08). Sorted by context, then KL."""
+    the nearest context measured (the shorter on a tie) when the passkey's was not (``kl_context`` says
+    which; a format's KL barely moves between 2k and 8k tokens, notebook 08). Sorted by context, then KL."""
     cols = ["context", "format", "trials", "successes", "exact_successes", "lost", "gained", "p_value",
             "loses_needle", "text", "kl", "dppl", "kl_context"]
     if pk_rows.empty:
