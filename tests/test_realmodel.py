@@ -208,7 +208,10 @@ def test_committed_storage_results_are_ordered():
     assert t.loc["fp16", "kl"] < 1e-4 < t.loc["q8_0", "kl"] < t.loc["q4_0", "kl"] < t.loc["kivi2", "kl"]
     assert t.loc["q5_1+hadamard", "kl"] < t.loc["q5_1", "kl"]
     checks = claims.readings(full, claims.load_claims(), ctx)
-    assert {c.claim.split(":")[0] for c in checks} == {"llama.cpp", "KVQuant", "The post"}
+    assert {c.claim.split(":")[0] for c in checks} == {"llama.cpp", "KVQuant", "The post", "llama.cpp #21551"}
+    rotation = checks[-1]
+    assert rotation.agrees and "92% of the loss removed" in rotation.published   # (6.4648 - 6.3243) / (6.4648 - 6.3123)
+    assert "63% removed" in rotation.computed
 
 
 def test_our_formats_agree_with_llamacpp():
