@@ -409,6 +409,15 @@ def test_mcnemar_exact_and_holm():
     # Holm: 0.005 <= 0.05/4, 0.01 <= 0.05/3, 0.03 > 0.05/2 stops (0.04 is not tested)
     assert stats.holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
     assert stats.holm([]) == []
+    # Tarone: 100 comparisons with no discordant trial cannot dilute one with 11 (p = 2^-10): plain Holm
+    # needs p <= 0.05 / 101, with the minimum p-values only the one test can reach 0.05 and it is rejected
+    ps, mins = [1.0] * 100 + [stats.mcnemar_exact(11, 0)], [1.0] * 100 + [stats.mcnemar_min_p(11)]
+    assert stats.holm(ps)[-1] is False and stats.holm(ps, min_pvalues=mins)[-1] is True
+    assert stats.mcnemar_min_p(0) == 1.0 and stats.mcnemar_min_p(5) == 1 / 16 and stats.mcnemar_min_p(6) == 1 / 32
+    # without minima (all 0) Tarone's divisor is the number of tests left: classic Holm
+    assert stats.holm([0.01, 0.04, 0.03, 0.005], min_pvalues=[0] * 4) == [True, False, False, True]
+    with pytest.raises(ValueError, match="'min_pvalues'"):
+        stats.holm([0.01], min_pvalues=[0.02])
     for bad, match in (((-1, 0), "'lost'"), ((1, 2.0), "'gained'")):
         with pytest.raises(ValueError, match=match):
             stats.mcnemar_exact(*bad)
@@ -443,7 +452,7 @@ def test_storage_retrieval_pairs_trials_and_corrects_for_many_cells():
     check = claims.storage_symptom(t.reset_index(), claims.load_claims())
     assert not check.agrees and "1 of 2 stored-format cells" in check.computed
     assert "q4_0 at 1024 (9/20 vs exact 18/20)" in check.computed and "kept ≤ 0.001, lost ≥ 0.130" in check.computed
-    # Holm: the same q4_0 cell among many others whose p-values are 1 stays rejected, a weak one does not
+    # a weak cell (4 lost of 20, p = 0.125) is not rejected
     weak = real.storage_retrieval(pd.concat([_pk(1024, "exact", [1] * 20), _pk(1024, "store:q4_0", [0] * 4 + [1] * 16)]
                                             + [_pk(1024, f"store:{f}", [1] * 20) for f in ("q8_0", "q5_0", "q5_1")]),
                                   fmt)

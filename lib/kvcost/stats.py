@@ -7,15 +7,15 @@ normal approximation, which collapses to a point at 0 and n).
 Two variants run on the same trials (the same prompts) are compared pairwise: only the trials
 where they disagree carry information, and McNemar's exact test asks whether those split
 evenly (:func:`mcnemar_exact`). Many such comparisons at once are held to a family-wise 5%
-with Holm's step-down correction (:func:`holm`), so that a verdict does not rest on the one
-comparison in twenty that a 5% test gets wrong by chance.
+with Holm's step-down correction (:func:`holm`; with Tarone's refinement for discrete tests), so
+that a verdict does not rest on the one comparison in twenty that a 5% test gets wrong by chance.
 """
 from __future__ import annotations
 
 import math
 import numbers
 
-__all__ = ["Z95", "wilson", "rate_text", "intervals_overlap", "mcnemar_exact", "holm"]
+__all__ = ["Z95", "wilson", "rate_text", "intervals_overlap", "mcnemar_exact", "mcnemar_min_p", "holm"]
 
 Z95 = 1.959963984540054   # the standard normal's 97.5% quantile
 
@@ -71,18 +71,38 @@ def mcnemar_exact(lost: int, gained: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def holm(pvalues: object, alpha: float = 0.05) -> list[bool]:
-    """Holm's step-down rejections for a family of p-values at family-wise error ``alpha``: the
-    i-th smallest (from 0) is rejected while it is at most alpha / (m - i); the first that is not
-    stops the procedure. Returns one bool per p-value, in the order given."""
+def mcnemar_min_p(discordant: int) -> float:
+    """The smallest p-value :func:`mcnemar_exact` can give with ``discordant`` trials (all one way):
+    2·2^-n, capped at 1. A comparison with few discordant trials can never be significant."""
+    if not isinstance(discordant, numbers.Integral) or isinstance(discordant, bool) or discordant < 0:
+        raise ValueError(f"parameter 'discordant' must be a non-negative integer, got {discordant!r}")
+    return min(1.0, 2.0 ** (1 - discordant))
+
+
+def holm(pvalues: object, alpha: float = 0.05, min_pvalues: object = None) -> list[bool]:
+    """Holm's step-down rejections for a family of p-values at family-wise error ``alpha``.
+
+    Without ``min_pvalues``: the i-th smallest (from 0) is rejected while it is at most
+    alpha / (m - i); the first that is not stops the procedure. With ``min_pvalues`` (the smallest
+    p-value each discrete test could reach, e.g. :func:`mcnemar_min_p`), Tarone's refinement in its
+    step-down form (Hommel & Krummenauer 1998): at each step the divisor is the smallest k for which
+    at most k of the tests not yet rejected could reach alpha / k, so tests that can never be
+    significant (a cell where the two variants agree on every trial) do not dilute the others.
+    Returns one bool per p-value, in the order given."""
     if not 0 < alpha < 1:
         raise ValueError(f"parameter 'alpha' must be in (0, 1), got {alpha!r}")
     ps = [float(p) for p in pvalues]  # type: ignore[union-attr]
-    if any(not 0 <= p <= 1 for p in ps):
-        raise ValueError(f"parameter 'pvalues' must hold probabilities in [0, 1], got {ps!r}")
+    mins = [0.0] * len(ps) if min_pvalues is None else [float(p) for p in min_pvalues]  # type: ignore[union-attr]
+    for name, values in (("pvalues", ps), ("min_pvalues", mins)):
+        if any(not 0 <= p <= 1 for p in values):
+            raise ValueError(f"parameter {name!r} must hold probabilities in [0, 1], got {values!r}")
+    if len(mins) != len(ps) or any(m > p for m, p in zip(mins, ps)):
+        raise ValueError("parameter 'min_pvalues' must give, for each p-value, a minimum not above it")
     reject = [False] * len(ps)
-    for i, j in enumerate(sorted(range(len(ps)), key=ps.__getitem__)):
-        if ps[j] > alpha / (len(ps) - i):
+    left = sorted(range(len(ps)), key=ps.__getitem__)
+    while left:
+        k = next(k for k in range(1, len(left) + 1) if sum(mins[i] <= alpha / k for i in left) <= k)
+        if ps[left[0]] > alpha / k:
             break
-        reject[j] = True
+        reject[left.pop(0)] = True
     return reject

@@ -225,5 +225,5 @@ def storage_symptom(retrieval: pd.DataFrame, claims: pd.DataFrame, alpha: float 
                      "KL alone does not decide whether the passkey is kept")
     return Check("The post: storage quantization's symptom is drift and higher perplexity; losing the needle is "
                  "accumulation's", str(claims.loc["post_storage_symptom", "where"]), measured, lost.empty,
-                 f"exact McNemar test on the same trials, Holm-corrected over {len(retrieval)} cells at "
-                 f"family-wise {alpha:.0%}; SmolLM2-135M, RULER passkey, 1k–8k tokens")
+                 f"exact McNemar test on the same trials, Holm-corrected (Tarone) over {len(retrieval)} cells "
+                 f"at family-wise {alpha:.0%}; SmolLM2-135M, RULER passkey, 1k–8k tokens")

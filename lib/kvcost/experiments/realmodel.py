@@ -241,7 +241,8 @@ def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials
     ``min_trials`` trials that exact attention also ran: ``successes`` against exact's on the same trials,
     the discordant trials (``lost``: exact retrieved, the format did not; ``gained``: the reverse), the
     exact McNemar ``p_value`` and ``loses_needle`` — rejected by Holm's correction over all the rows at
-    family-wise ``alpha``, with more trials lost than gained. Beside it, the format's mean KL divergence
+    family-wise ``alpha`` (Tarone's refinement: rows with too few discordant trials to ever be
+    significant do not count), with more trials lost than gained. Beside it, the format's mean KL divergence
     and Δ perplexity from the fp32 cache (``fmt_table``, :func:`format_table`) at the same context, or at
     the nearest context measured (the shorter on a tie) when the passkey's was not (``kl_context`` says
     which; a format's KL barely moves between 2k and 8k tokens, notebook 08). Sorted by context, then KL."""
@@ -271,7 +272,8 @@ def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials
                      "kl_context": int(near["context"]) if near is not None else None})
     out = pd.DataFrame(rows, columns=cols)
     if len(out):
-        reject = stats.holm(out["p_value"], alpha)
+        reject = stats.holm(out["p_value"], alpha,
+                            min_pvalues=[stats.mcnemar_min_p(n) for n in out["lost"] + out["gained"]])
         out["loses_needle"] = [r and lo > ga for r, lo, ga in zip(reject, out["lost"], out["gained"])]
     return out.sort_values(["context", "kl", "format"], ignore_index=True)
 
