@@ -86,8 +86,7 @@ def readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int) -> lis
                          f"{before:.4f} → {after:.4f}, f16 {f16:.4f}: {theirs:.0%} of the loss removed (Llama-2-7B, "
                          "512 tokens)",
                          f"q4_0 Δ from fp16 {_interval(plain, 'dppl16')} → {_interval(rot, 'dppl16')} with the "
-                         f"rotation: "
-                         f"{ours:.0%} removed", bool(ours > ROTATION_MOST),
+                         f"rotation: {ours:.0%} removed", bool(ours > ROTATION_MOST),
                          f"'most' read as more than {ROTATION_MOST:.0%}; a first-hand measurement of the kind the "
                          "post's q5_1 anecdote reports, on another model"))
     return out
