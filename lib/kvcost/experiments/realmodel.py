@@ -231,7 +231,7 @@ def passkey_pivot(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-#: Store variants are named ``store:<format>`` in the passkey grid.
+#: Store variants are named ``store:<format>`` in the passkey grid (kvcost.experiments.realmodel_passkey).
 STORE_PREFIX = "store:"
 
 

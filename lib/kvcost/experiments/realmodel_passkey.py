@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import fa3, realmodel
+from .realmodel import STORE_PREFIX
 
 __all__ = ["HAYSTACK", "KEYS", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention", "run_trial"]
 
@@ -93,8 +94,8 @@ def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
     ``fa3`` ``rows``: ``tail`` (question and answer, the default) or ``answer``)."""
     if name == "exact":
         return "exact", {}
-    if name.startswith("store:"):
-        fmt = name[6:]
+    if name.startswith(STORE_PREFIX):
+        fmt = name[len(STORE_PREFIX):]
         realmodel.parse_format(fmt)
         return "store", {"fmt": fmt}
     kind, _, opts = name.partition(":")
