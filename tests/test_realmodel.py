@@ -446,6 +446,7 @@ def test_storage_retrieval_pairs_trials_and_corrects_for_many_cells():
     assert list(t.index) == ["q8_0", "q4_0"]                    # sorted by KL; unpaired cells dropped
     q4 = t.loc["q4_0"]
     assert (q4["lost"], q4["gained"], q4["successes"], q4["exact_successes"]) == (10, 1, 9, 18)
+    assert q4["rate"] == 0.45 and (q4["lo"], q4["hi"]) == stats.wilson(9, 20)
     assert q4["p_value"] == stats.mcnemar_exact(10, 1) and bool(q4["loses_needle"])
     assert q4["kl"] == 0.13 and q4["kl_context"] == 2048       # the nearest context measured
     assert not bool(t.loc["q8_0", "loses_needle"]) and t.loc["q8_0", "text"] == stats.rate_text(19, 20)

@@ -239,15 +239,16 @@ def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials
                       alpha: float = 0.05) -> pd.DataFrame:
     """Does a storage format's loss reach retrieval? Per (context, ``store:`` variant) run on at least
     ``min_trials`` trials that exact attention also ran: ``successes`` against exact's on the same trials,
-    the discordant trials (``lost``: exact retrieved, the format did not; ``gained``: the reverse), the
+    its ``rate`` with the Wilson 95% interval ``lo``/``hi``, the discordant trials (``lost``: exact
+    retrieved, the format did not; ``gained``: the reverse), the
     exact McNemar ``p_value`` and ``loses_needle`` — rejected by Holm's correction over all the rows at
     family-wise ``alpha`` (Tarone's refinement: rows with too few discordant trials to ever be
     significant do not count), with more trials lost than gained. Beside it, the format's mean KL divergence
     and Δ perplexity from the fp32 cache (``fmt_table``, :func:`format_table`) at the same context, or at
     the nearest context measured (the shorter on a tie) when the passkey's was not (``kl_context`` says
     which; a format's KL barely moves between 2k and 8k tokens, notebook 08). Sorted by context, then KL."""
-    cols = ["context", "format", "trials", "successes", "exact_successes", "lost", "gained", "p_value",
-            "loses_needle", "text", "kl", "dppl", "kl_context"]
+    cols = ["context", "format", "trials", "successes", "rate", "lo", "hi", "exact_successes", "lost", "gained",
+            "p_value", "loses_needle", "text", "kl", "dppl", "kl_context"]
     if pk_rows.empty:
         return pd.DataFrame(columns=cols)
     exact = pk_rows[pk_rows["variant"] == "exact"].set_index(["context", "trial"])["success"]
@@ -261,12 +262,14 @@ def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials
         ref = exact.loc[[k for k, ok in zip(key, paired) if ok]].to_numpy().astype(bool)
         lost, gained = int((ref & ~mine).sum()), int((mine & ~ref).sum())
         fmt = v[len(STORE_PREFIX):]
+        k, n = int(mine.sum()), len(mine)
+        lo, hi = stats.wilson(k, n)
         measured = fmt_table[fmt_table["format"] == fmt].sort_values("context")
         near = measured.iloc[(measured["context"] - c).abs().argsort(kind="stable")].iloc[0] if len(measured) else None
-        rows.append({"context": int(c), "format": fmt, "trials": len(mine), "successes": int(mine.sum()),
-                     "exact_successes": int(ref.sum()), "lost": lost, "gained": gained,
+        rows.append({"context": int(c), "format": fmt, "trials": n, "successes": k, "rate": k / n, "lo": lo,
+                     "hi": hi, "exact_successes": int(ref.sum()), "lost": lost, "gained": gained,
                      "p_value": stats.mcnemar_exact(lost, gained), "loses_needle": False,
-                     "text": stats.rate_text(int(mine.sum()), len(mine)),
+                     "text": stats.rate_text(k, n),
                      "kl": float(near["kl"]) if near is not None else math.nan,
                      "dppl": float(near["dppl"]) if near is not None else math.nan,
                      "kl_context": int(near["context"]) if near is not None else None})
