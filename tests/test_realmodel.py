@@ -209,6 +209,10 @@ def test_committed_storage_results_are_ordered():
     assert t.loc["q5_1+hadamard", "kl"] < t.loc["q5_1", "kl"]
     checks = claims.readings(full, claims.load_claims(), ctx)
     assert {c.claim.split(":")[0] for c in checks} == {"llama.cpp", "KVQuant", "The post", "llama.cpp #21551"}
+    post = next(c for c in checks if c.claim.startswith("The post"))
+    assert post.agrees and "61.70 to 14.15" in post.claim          # the claims file's numbers, formatted
+    assert "q5_1 61.6992 → 14.1452, q4_1 212.479 → 22.2816" in post.published
+    assert "the post's numbers are the PR's rounded" in post.note and "q4_1 Δ 1.541 → 0.958" in post.computed
     rotation = checks[-1]
     assert rotation.agrees and "92% of the loss removed" in rotation.published   # (6.4648 - 6.3243) / (6.4648 - 6.3123)
     assert "63% removed" in rotation.computed

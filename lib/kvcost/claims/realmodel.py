@@ -67,15 +67,7 @@ def readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int) -> lis
                          "the nearest formats shipped by engines are"))
     plain, rot = _row(fmt_table, context, "q5_1"), _row(fmt_table, context, "q5_1+hadamard")
     if plain is not None and rot is not None:
-        before = float(claims.loc["post_hadamard_q5_1_before", "value"])
-        after = float(claims.loc["post_hadamard_q5_1_after", "value"])
-        out.append(Check("The post: a Hadamard rotation takes q5_1 K/V perplexity from 61.70 to 14.15",
-                         f"{before:.2f} → {after:.2f} on a 0.6B model (× {before / after:.1f})",
-                         f"q5_1 {plain['ppl']:.3f} → {rot['ppl']:.3f} with the rotation (fp32 cache "
-                         f"{plain['ppl'] - plain['dppl']:.3f}; Δ {plain['dppl']:.3f} → {rot['dppl']:.3f})",
-                         bool(rot["dppl"] < plain["dppl"]),
-                         "holds when the rotation lowers q5_1's loss; the size of the anecdote is a broken "
-                         "build's, not reproducible on a healthy cache"))
+        out.append(_post_rotation(fmt_table, claims, context, plain, rot))
     plain, rot = _row(fmt_table, context, "q4_0"), _row(fmt_table, context, "q4_0+hadamard")
     if plain is not None and rot is not None and "llamacpp_pr_21551_q4_0_rot_ppl" in claims.index:
         f16, before, after = (float(claims.loc[f"llamacpp_pr_21551_{k}_ppl", "value"])
@@ -90,6 +82,35 @@ def readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int) -> lis
                          f"'most' read as more than {ROTATION_MOST:.0%}; a first-hand measurement of the kind the "
                          "post's q5_1 anecdote reports, on another model"))
     return out
+
+
+def _post_rotation(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int, plain: pd.Series,
+                   rot: pd.Series) -> Check:
+    """The post's q5_1 rotation anecdote, traced to llama.cpp PR #21038's table where the claims file has
+    it, read on SmolLM2: holds when the rotation lowers q5_1's loss (and q4_1's, which the PR also reports)."""
+    before = float(claims.loc["post_hadamard_q5_1_before", "value"])
+    after = float(claims.loc["post_hadamard_q5_1_after", "value"])
+    published = f"{before:.2f} → {after:.2f} on a 0.6B model (× {before / after:.1f})"
+    measured = (f"q5_1 {plain['ppl']:.3f} → {rot['ppl']:.3f} with the rotation (fp32 cache "
+                f"{plain['ppl'] - plain['dppl']:.3f}; Δ {plain['dppl']:.3f} → {rot['dppl']:.3f})")
+    holds = bool(rot["dppl"] < plain["dppl"])
+    note = "holds when the rotation lowers q5_1's loss"
+    pr = [f"llamacpp_pr_21038_{k}_ppl" for k in ("q5_1", "q5_1_rot", "q4_1", "q4_1_rot")]
+    if all(k in claims.index for k in pr):
+        b5, a5, b4, a4 = (float(claims.loc[k, "value"]) for k in pr)
+        traced = round(b5, 2) == before and round(a5, 2) == after
+        published += f"; PR #21038's table, {claims.loc[pr[0], 'model']}: q5_1 {b5:g} → {a5:g}, q4_1 {b4:g} → {a4:g}"
+        p4, r4 = _row(fmt_table, context, "q4_1"), _row(fmt_table, context, "q4_1+hadamard")
+        if p4 is not None and r4 is not None:
+            measured += f"; q4_1 Δ {p4['dppl']:.3f} → {r4['dppl']:.3f}"
+            holds = holds and bool(r4["dppl"] < p4["dppl"])
+            note += " and q4_1's"
+        note += (f"; the post's numbers {'are' if traced else 'are not'} the PR's rounded. The size is the model's: "
+                 f"there q5_1 alone multiplied perplexity (× {b5 / a5:.1f} over the rotated cache), here it adds "
+                 f"{plain['dppl']:.3f} to {plain['ppl'] - plain['dppl']:.3f}, so no rotation can divide SmolLM2's "
+                 "perplexity several-fold")
+    return Check(f"The post: a Hadamard rotation takes q5_1 K/V perplexity from {before:.2f} to {after:.2f}",
+                 published, measured, holds, note)
 
 
 def _mode_bias(modes: pd.DataFrame | None) -> str:
