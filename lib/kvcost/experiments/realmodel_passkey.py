@@ -222,7 +222,8 @@ def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str
                     attn.active = False
                     model(full[:, n_pre:start], past_key_values=shared, use_cache=True, logits_to_keep=1)
                 attn.active, attn.options = kind == "fa3", opt
-                logits = model(full[:, start:], past_key_values=shared, use_cache=True).logits[0]
+                logits = model(full[:, start:], past_key_values=shared, use_cache=True,
+                               logits_to_keep=prompt.n_answer + 1).logits[0]     # the rows _score reads
             elif kind == "store":
                 attn.active = False
                 cache = realmodel.StoredCache(opt["fmt"])
