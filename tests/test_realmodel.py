@@ -472,5 +472,7 @@ def test_committed_passkey_storage_reading():
     fmt = real.format_table(real.load_windows())
     t = real.storage_retrieval(pd.read_csv(repo_root() / real.DATA / "passkey.csv"), fmt)
     lost = set(zip(t.loc[t["loses_needle"], "format"], t.loc[t["loses_needle"], "context"]))
-    assert {("q4_0", 1024), ("kivi2", 1024), ("q4_0", 8192)} <= lost
-    assert not t[t["format"].isin(["q8_0", "q8_0@hf", "bf16"])]["loses_needle"].any()
+    assert {("q4_0", 1024), ("kivi2", 1024), ("q4_0", 8192), ("kivi2", 8192), ("kivi2+hadamard", 4096)} <= lost
+    assert not t[t["format"].isin(["q8_0", "q8_0@hf", "bf16", "fp8_e4m3", "fp8_e4m3_token", "q8_0/q4_0",
+                                   "q5_1"])]["loses_needle"].any()
+    assert set(t.loc[t["context"] == 8192, "format"]) >= {"fp8_e4m3_token", "q8_0/q4_0", "kivi4", "q5_0"}
