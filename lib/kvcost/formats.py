@@ -12,7 +12,11 @@ Names understood by :func:`get`:
 ``fp32``, ``bf16``,       plain floats: 4, 2, 2 bytes (llama.cpp spellings ``f32``,
 ``fp16``                  ``f16``; ``float16``/``bfloat16``/``float32`` also accepted)
 ``fp8_e4m3``,             one byte; a per-tensor scale is negligible and not counted
-``fp8_e5m2``              (``fp8`` = ``fp8_e4m3``, vLLM's default fp8 cache)
+``fp8_e5m2``,             (``fp8`` = ``fp8_e4m3``, vLLM's default fp8 cache). The element
+``fp8_e4m3fnuz``          types are ml_dtypes' ``float8_e4m3fn`` (OCP, max 448, NaN, no inf),
+                          ``float8_e5m2`` and ``float8_e4m3fnuz`` (MI300: max 240, bias 8, one
+                          NaN, no -0). The bare ``e4m3`` is refused: :mod:`kvcost.floats` reads
+                          it as the IEEE-style eXmY format (max 240, with inf)
 ``fp8_e4m3_head``         one byte plus one fp32 scale per KV head per layer (a
 (and ``_e5m2_head``)      constant, not per token: counted by :func:`fixed_bytes`)
 ``fp8_e4m3_token``        one byte plus one fp32 scale per token per KV head, i.e.
@@ -28,7 +32,18 @@ Names understood by :func:`get`:
 ``kivi{k}[_g{g}][_r{R}]`` int-k groups (default g=32) plus a full-precision (fp16)
                           residual window of the R most recent tokens (default 128),
                           the configuration of the KIVI paper
+``nvfp4``,                E2M1 values and a UE4M3 (e4m3fn) scale per 16 values, plus one
+``nvfp4_4over6``          fp32 tensor scale (not counted): hd/2 + hd/16 bytes per head
+``mxfp4``,                OCP MX v1.0: E2M1 elements, an E8M0 scale per 32 values (4.25
+``fp4_mx_block16``,       bits); SGLang's E2M1 with an E8M0 scale per 16 (4.5 bits); E4M3
+``mxfp8``                 elements and an E8M0 scale per 32 (8.25 bits)
 ========================  ==========================================================
+
+Engine spellings (vLLM ``--kv-cache-dtype``, llama.cpp ``-ctk``/``-ctv``, SGLang
+``--kv-cache-dtype``) are each format's :attr:`Format.engines`; :func:`engine_name` and
+:func:`from_engine` translate both ways, and :func:`get` accepts the unambiguous ones
+(``float16``, ``fp8_per_token_head``, ``int8_per_token_head``, ...). Sources of every layout:
+``data/storage_formats.md`` and ``data/ggml_formats.md``.
 
 This module imports only the standard library so ``python -m kvcost`` stays fast.
 """
@@ -40,8 +55,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 __all__ = [
-    "Format", "get", "names", "bytes_per_value", "bits_per_value", "row_bytes",
-    "fixed_bytes", "describe", "GGML_BLOCKS",
+    "Format", "get", "names", "all_names", "bytes_per_value", "bits_per_value", "row_bytes",
+    "fixed_bytes", "describe", "describe_full", "engine_name", "from_engine", "ENGINES", "GGML_BLOCKS", "BLOCK_FLOATS",
+    "NAMES_2026",
 ]
 
 #: llama.cpp block formats usable for the KV cache (ggml-common.h block structs):
@@ -55,6 +71,38 @@ GGML_BLOCKS: dict[str, tuple[int, int, int, str]] = {
     "iq4_nl": (32, 18, 4, "32 x 4-bit indices into a non-linear table + fp16 scale"),
 }
 
+#: Block-scaled float formats (data/storage_formats.md): name -> (values per block, element type,
+#: element bits, block-scale type, scale bytes per block, family, description). Element and scale
+#: types are ml_dtypes names; ``nvfp4`` also keeps one fp32 scale per tensor, not counted.
+BLOCK_FLOATS: dict[str, tuple[int, str, int, str, int, str, str]] = {
+    "nvfp4": (16, "float4_e2m1fn", 4, "float8_e4m3fn", 1, "nvfp4",
+              "NVFP4: E2M1 values, a UE4M3 scale per 16, an fp32 tensor scale (not counted)"),
+    "nvfp4_4over6": (16, "float4_e2m1fn", 4, "float8_e4m3fn", 1, "nvfp4",
+                     "NVFP4 whose block scale is max/6 or max/4, the one with the smaller squared error"),
+    "mxfp4": (32, "float4_e2m1fn", 4, "float8_e8m0fnu", 1, "mx", "OCP MXFP4: E2M1 values, an E8M0 scale per 32"),
+    "fp4_mx_block16": (16, "float4_e2m1fn", 4, "float8_e8m0fnu", 1, "mx",
+                       "SGLang fp4_mx_block16: E2M1 values, an E8M0 scale per 16"),
+    "mxfp8": (32, "float8_e4m3fn", 8, "float8_e8m0fnu", 1, "mx", "OCP MXFP8: E4M3 values, an E8M0 scale per 32"),
+}
+
+#: The fp8 element types of the ``fp8_*`` names (ml_dtypes spellings).
+_FP8_ELEMENTS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "float8_e4m3fnuz"}
+
+#: Engine spellings: engine -> {engine's name: kvcost name}. vLLM ``--kv-cache-dtype``
+#: (vllm/config/cache.py ``CacheDType``), llama.cpp ``-ctk``/``-ctv`` (``kv_cache_types`` in
+#: common/arg.cpp), SGLang ``--kv-cache-dtype``; sources in data/storage_formats.md. ``auto`` (the
+#: model's dtype) is not a format and is left to the engine models.
+ENGINES: dict[str, dict[str, str]] = {
+    "vllm": {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
+             "fp8_e5m2": "fp8_e5m2", "fp8_per_token_head": "fp8_e4m3_token",
+             "int8_per_token_head": "int8_token", "int4_per_token_head": "int4_token",
+             "nvfp4": "nvfp4", "nvfp4_4over6": "nvfp4_4over6"},
+    "llama.cpp": {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1",
+                  "q5_0": "q5_0", "q5_1": "q5_1", "iq4_nl": "iq4_nl"},
+    "sglang": {"bf16": "bf16", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2",
+               "mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp4_mx_block16": "fp4_mx_block16"},
+}
+
 _PLAIN: dict[str, tuple[int, str]] = {
     "fp32": (4, "IEEE float32"),
     "bf16": (2, "bfloat16"),
@@ -65,7 +113,20 @@ _ALIASES = {
     "f32": "fp32", "float32": "fp32", "float": "fp32",
     "f16": "fp16", "float16": "fp16", "half": "fp16",
     "bfloat16": "bf16",
-    "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
+    "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2",
+    "float8_e4m3fnuz": "fp8_e4m3fnuz",
+    # vLLM's per-token-head caches are the post's per-token layouts (one fp32 scale per token and KV head)
+    "fp8_per_token_head": "fp8_e4m3_token", "int8_per_token_head": "int8_token",
+    "int4_per_token_head": "int4_token",
+}
+
+#: Bare element names that mean different formats in different libraries: refused with the choices.
+_AMBIGUOUS = {
+    "e4m3": "'e4m3' is ambiguous: kvcost.floats reads it as the IEEE-style eXmY format (bias 7, inf, max 240); "
+            "as a storage format say 'fp8_e4m3' (ml_dtypes float8_e4m3fn: OCP, max 448) or 'fp8_e4m3fnuz' "
+            "(float8_e4m3fnuz: MI300, max 240, no inf, no -0)",
+    "e5m2": "'e5m2' is ambiguous: kvcost.floats reads it as the eXmY format; as a storage format say 'fp8_e5m2' "
+            "(ml_dtypes float8_e5m2)",
 }
 
 _SCALE_BYTES_FP8 = 4      # fp32 scales, as vLLM stores k_scale / v_scale
@@ -93,6 +154,22 @@ class Format:
     residual: int = 0
     residual_format: str = "fp16"
     per_head_meta_bytes: int = 0   # constant bytes per KV head per layer (static scales)
+    #: which quantizer stores it (kvcost.quant.roundtrip dispatches on it): float | fp8 | ggml | intk |
+    #: kivi | mx | nvfp4
+    family: str = "float"
+    element: str = ""              # the stored element type (ml_dtypes name, or int8/uint4 codes)
+    scale_format: str = ""         # the block / group / token scale's type ("" when none is stored)
+
+    @property
+    def engines(self) -> tuple[tuple[str, str], ...]:
+        """``(engine, engine's name)`` pairs that store this format (vLLM, llama.cpp, SGLang)."""
+        return tuple((e, n) for e, table in ENGINES.items() for n, f in table.items() if f == self.name)
+
+    @property
+    def channel_blocks(self) -> bool:
+        """True when values share a scale in blocks (or groups) of consecutive channels shorter than a
+        head: which channels are neighbours then changes what is stored (K's channel order matters)."""
+        return self.family in ("ggml", "mx", "nvfp4") or (self.family == "intk" and self.scale == "group")
 
     def bytes_per_value(self, head_dim: int | None = None) -> Fraction:
         """Exact amortized bytes per stored value (``head_dim`` only matters for per-token scales)."""
@@ -137,23 +214,32 @@ def _nonneg_int(name: str, value: object) -> int:
 def _build(name: str) -> Format:
     if name in _PLAIN:
         nbytes, desc = _PLAIN[name]
-        return Format(name, desc, 8 * nbytes, 1, Fraction(nbytes))
+        element = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[name]
+        return Format(name, desc, 8 * nbytes, 1, Fraction(nbytes), element=element)
     if name in GGML_BLOCKS:
         block, nbytes, bits, layout = GGML_BLOCKS[name]
         return Format(name, f"llama.cpp {name}: {layout} = {nbytes} bytes per {block} values",
-                      bits, block, Fraction(nbytes), scale="block")
-    m = re.fullmatch(r"fp8_(e4m3|e5m2)(?:_(tensor|head|token))?", name)
+                      bits, block, Fraction(nbytes), scale="block", family="ggml",
+                      element="int8" if name == "q8_0" else f"uint{bits}", scale_format="float16")
+    if name in BLOCK_FLOATS:
+        block, element, bits, scale_t, scale_bytes, family, desc = BLOCK_FLOATS[name]
+        nbytes = Fraction(block * bits, 8) + scale_bytes
+        return Format(name, f"{desc} = {nbytes} bytes per {block} values", bits, block, nbytes, scale="block",
+                      family=family, element=element, scale_format=scale_t)
+    m = re.fullmatch(r"fp8_(e4m3|e5m2|e4m3fnuz)(?:_(tensor|head|token))?", name)
     if m:
         kind, scale = m.group(1), m.group(2) or "tensor"
-        base = f"fp8 {kind.upper()}"
+        element = _FP8_ELEMENTS[kind]
+        base = f"fp8 {element}"
         if scale == "tensor":
             return Format(name, f"{base}, one per-tensor scale (negligible, not counted)", 8, 1,
-                          Fraction(1), scale="tensor")
+                          Fraction(1), scale="tensor", family="fp8", element=element)
         if scale == "head":
             return Format(name, f"{base}, one static fp32 scale per KV head per layer", 8, 1,
-                          Fraction(1), scale="head", per_head_meta_bytes=_SCALE_BYTES_FP8)
+                          Fraction(1), scale="head", per_head_meta_bytes=_SCALE_BYTES_FP8, family="fp8",
+                          element=element, scale_format="float32")
         return Format(name, f"{base}, one fp32 scale per token per KV head", 8, 0,
-                      Fraction(0), scale="token")
+                      Fraction(0), scale="token", family="fp8", element=element, scale_format="float32")
     m = re.fullmatch(r"int(\d+)_(token|channel)", name)
     if m:
         bits, axis = int(m.group(1)), m.group(2)
@@ -161,16 +247,17 @@ def _build(name: str) -> Format:
             raise ValueError(f"format {name!r}: bits must be between 2 and 16, got {bits}")
         if axis == "token":
             return Format(name, f"int{bits} symmetric, one fp32 scale per token per KV head", bits, 0,
-                          Fraction(0), scale="token")
+                          Fraction(0), scale="token", family="intk", element=f"int{bits}", scale_format="float32")
         return Format(name, f"int{bits} symmetric, one fp32 scale per channel per KV head for the whole "
                             "sequence (constant, not counted per token)", bits, 1, Fraction(bits, 8),
-                      scale="channel")
+                      scale="channel", family="intk", element=f"int{bits}", scale_format="float32")
     m = re.fullmatch(r"int(\d+)_g(\d+)", name)
     if m:
         bits, group = int(m.group(1)), int(m.group(2))
         _check_int_k(name, bits, group)
         return Format(name, f"int{bits} asymmetric, fp16 scale + fp16 zero per {group} values",
-                      bits, group, Fraction(group * bits, 8) + _GROUP_META_BYTES, scale="group")
+                      bits, group, Fraction(group * bits, 8) + _GROUP_META_BYTES, scale="group", family="intk",
+                      element=f"uint{bits}", scale_format="float16")
     m = re.fullmatch(r"kivi(\d+)(?:_g(\d+))?(?:_r(\d+))?", name)
     if m:
         bits = int(m.group(1))
@@ -180,10 +267,10 @@ def _build(name: str) -> Format:
         return Format(name, f"KIVI int{bits}, groups of {group} (fp16 scale + zero), "
                             f"last {residual} tokens in fp16",
                       bits, group, Fraction(group * bits, 8) + _GROUP_META_BYTES, scale="group",
-                      residual=residual)
+                      residual=residual, family="kivi", element=f"uint{bits}", scale_format="float16")
     raise ValueError(f"unknown format {name!r}; known: {names()} "
                      "(plus int{k}_token, int{k}_channel, int{k}_g{g}, kivi{k}[_g{g}][_r{R}], "
-                     "fp8_e4m3_head/_token, fp8_e5m2_head/_token)")
+                     "fp8_e4m3_head/_token, fp8_e5m2_head/_token, fp8_e4m3fnuz_head/_token)")
 
 
 def _check_int_k(name: str, bits: int, group: int) -> None:
@@ -203,6 +290,8 @@ def get(fmt: str | Format) -> Format:
     if not isinstance(fmt, str):
         raise ValueError(f"format must be a name string, got {fmt!r}")
     key = fmt.strip().lower()
+    if key in _AMBIGUOUS:
+        raise ValueError(_AMBIGUOUS[key])
     key = _ALIASES.get(key, key)
     if key not in _CACHE:
         _CACHE[key] = _build(key)
@@ -210,10 +299,41 @@ def get(fmt: str | Format) -> Format:
 
 
 def names() -> list[str]:
-    """The fixed format names (parametrized families are described in the module docstring)."""
+    """The fixed format names of the 2024 set, in notebook 01's table order (parametrized families are
+    described in the module docstring; :func:`all_names` adds the 2026 engines' formats)."""
     return [*_PLAIN, "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_head", "fp8_e5m2_head",
             "fp8_e4m3_token", "fp8_e5m2_token", *GGML_BLOCKS, "int4_g32", "int2_g32",
             "kivi4", "kivi2"]
+
+
+#: The formats 2026 engines ship beyond :func:`names` (issue 23), by their kvcost names.
+NAMES_2026 = ("fp8_e4m3fnuz", *BLOCK_FLOATS, "int8_token", "int4_token")
+
+
+def all_names() -> list[str]:
+    """Every fixed name: :func:`names` and then :data:`NAMES_2026` (the registry tests iterate over it)."""
+    return [*names(), *(n for n in NAMES_2026 if n not in names())]
+
+
+def engine_name(fmt: str | Format, engine: str) -> str | None:
+    """The name ``engine`` (``"vllm"``, ``"llama.cpp"``, ``"sglang"``) gives format ``fmt``, or None."""
+    table = _engine_table(engine)
+    name = get(fmt).name
+    return next((n for n, f in table.items() if f == name), None)
+
+
+def from_engine(name: str, engine: str) -> Format:
+    """The :class:`Format` an engine's cache-dtype name stands for; ValueError naming the engine's choices."""
+    table = _engine_table(engine)
+    if not isinstance(name, str) or name not in table:
+        raise ValueError(f"parameter 'name': {engine} has no KV cache dtype {name!r}; known: {sorted(table)}")
+    return get(table[name])
+
+
+def _engine_table(engine: str) -> dict[str, str]:
+    if engine not in ENGINES:
+        raise ValueError(f"parameter 'engine' must be one of {sorted(ENGINES)}, got {engine!r}")
+    return ENGINES[engine]
 
 
 def bytes_per_value(fmt: str | Format, head_dim: int | None = None) -> Fraction:
@@ -247,3 +367,12 @@ def describe(fmt: str | Format) -> dict[str, object]:
     bpv = f.bytes_per_value()
     return {"format": f.name, "description": f.description, "bytes_per_value": str(bpv),
             "bits_per_value": float(8 * bpv), "residual_tokens": f.residual}
+
+
+def describe_full(fmt: str | Format, head_dim: int | None = None) -> dict[str, object]:
+    """:func:`describe` plus the element and scale types, the quantizer family and the engine names."""
+    f = get(fmt)
+    d = describe(f)
+    d.update(bits_per_value=f.bits_per_value(head_dim), element=f.element, scale_format=f.scale_format,
+             family=f.family, block=f.block, engines={e: n for e, n in f.engines})
+    return d

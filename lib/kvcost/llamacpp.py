@@ -39,10 +39,8 @@ __all__ = [
     "padded_n_ctx",
 ]
 
-#: ggml type names llama.cpp accepts for -ctk / -ctv, as kvcost.formats names.
-GGML_TYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1",
-              "q5_0": "q5_0", "q5_1": "q5_1", "iq4_nl": "iq4_nl"}
-_TO_GGML = {v: k for k, v in GGML_TYPES.items()}
+#: ggml type names llama.cpp accepts for -ctk / -ctv, as kvcost.formats names (the registry's table).
+GGML_TYPES = formats.ENGINES["llama.cpp"]
 
 #: K/V type pairs the CUDA flash-attention kernels are compiled for in a default build
 #: (ggml-cuda/fattn.cu without GGML_CUDA_FA_ALL_QUANTS). Other pairs run attention on the CPU.
@@ -54,11 +52,11 @@ def _ggml(name: str, flag: str) -> str:
     if name in GGML_TYPES:
         return name
     try:
-        canon = formats.get(name).name
+        ggml_name = formats.engine_name(name, "llama.cpp")
     except ValueError:
-        canon = None
-    if canon in _TO_GGML:
-        return _TO_GGML[canon]
+        ggml_name = None
+    if ggml_name is not None:
+        return ggml_name
     raise ValueError(f"{flag} must be a llama.cpp cache type ({', '.join(GGML_TYPES)}), got {name!r}")
 
 

@@ -3,23 +3,35 @@
 Every function returns what attention would read back from the cache, with the input's
 shape ``(..., tokens, channels)``; leading axes (layers, heads) are independent. Integer
 k-bit (the post's absmax, KIVI's min/max, per token, channel or group), fp8 with vLLM's
-scales, the Hadamard rotation, and llama.cpp's block formats (from :mod:`kvcost.ggml`).
+scales, the Hadamard rotation, llama.cpp's block formats (from :mod:`kvcost.ggml`) and the
+block-scaled floats of 2026 engines (MX, NVFP4, fp8 e4m3fnuz: :mod:`kvcost.storage.blockfloat`).
+
+:func:`roundtrip` is the one entry point by name: every :mod:`kvcost.formats` name (and every
+spec :func:`kvcost.storage.parse_spec` reads, rotation included) maps to exactly one of these;
+:func:`roundtrip_fn` hands out that function, :func:`store_kv` stores a K/V pair.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Literal
 
+import ml_dtypes
 import numpy as np
 
 from . import floats, formats
 from .ggml import GGML_KINDS, GGMLBlocks, ggml_dequantize, ggml_quantize, ggml_roundtrip
+from .storage import blockfloat
+from .storage.spec import CacheSpec, parse_spec
 
 __all__ = [
-    "ASYM_BITS", "AXES", "FP8_SCALINGS", "GGML_KINDS", "SYM_BITS", "GGMLBlocks", "fp8_roundtrip", "fp8_scale",
-    "ggml_dequantize", "ggml_quantize", "ggml_roundtrip", "hadamard_matrix", "hadamard_rotate", "intk_roundtrip",
-    "kivi_roundtrip", "rotated_roundtrip",
+    "ASYM_BITS", "AXES", "FP8_ELEMENTS", "FP8_SCALINGS", "GGML_KINDS", "ROLES", "SYM_BITS", "GGMLBlocks",
+    "fp8_roundtrip", "fp8_scale", "ggml_dequantize", "ggml_quantize", "ggml_roundtrip", "hadamard_matrix",
+    "hadamard_rotate", "intk_roundtrip", "kivi_roundtrip", "mx_roundtrip", "nvfp4_roundtrip", "rotated_roundtrip",
+    "roundtrip", "roundtrip_fn", "store_kv",
 ]
+
+mx_roundtrip = blockfloat.mx_roundtrip
+nvfp4_roundtrip = blockfloat.nvfp4_roundtrip
 
 AXES = ("token", "channel")
 Axis = Literal["token", "channel"]
@@ -267,16 +279,19 @@ def fp8_scale(x: np.ndarray, fmt: str = "e4m3", scaling: str = "tensor") -> np.n
     return np.where(scale == 0, x.dtype.type(1.0), scale).astype(x.dtype, copy=False)
 
 
+#: The fp8 element names :func:`fp8_roundtrip` takes, and the :mod:`kvcost.floats` format each rounds
+#: into. Here ``e4m3`` is OCP E4M3FN (max 448), as FlashAttention-3's ``p_format`` spells it; the
+#: IEEE-style eXmY ``e4m3`` of :mod:`kvcost.floats` (max 240) is not an fp8 cache element.
+FP8_ELEMENTS = {"e4m3": "fp8_e4m3", "e4m3fn": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3",
+                "float8_e4m3fn": "fp8_e4m3", "e5m2": "fp8_e5m2", "fp8_e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2"}
+
+
 def _fp8_name(fmt: str) -> str:
-    """The float format of an fp8 storage name (``e4m3``, ``fp8_e4m3``, ``e5m2``, ... as
-    :mod:`kvcost.formats` spells them)."""
-    try:
-        f = floats.parse_format(formats.get(fmt).name)
-    except (ValueError, TypeError, KeyError):
-        f = None
-    if f is None or f.exp_bits + f.man_bits != 7:
-        raise ValueError(f"parameter 'fmt' must be an fp8 format (e4m3, e5m2, fp8_e4m3, fp8_e5m2), got {fmt!r}")
-    return f.name
+    """The :mod:`kvcost.floats` format of an fp8 element name in :data:`FP8_ELEMENTS`."""
+    if not isinstance(fmt, str) or fmt.strip().lower() not in FP8_ELEMENTS:
+        raise ValueError(f"parameter 'fmt' must be an fp8 element, one of {sorted(FP8_ELEMENTS)} "
+                         f"(e4m3 = OCP E4M3FN, max 448; for e4m3fnuz use roundtrip(x, 'fp8_e4m3fnuz')), got {fmt!r}")
+    return FP8_ELEMENTS[fmt.strip().lower()]
 
 
 def fp8_roundtrip(x: np.ndarray, fmt: str = "e4m3", scaling: str = "tensor", *,
@@ -303,3 +318,126 @@ def fp8_roundtrip(x: np.ndarray, fmt: str = "e4m3", scaling: str = "tensor", *,
             raise ValueError(f"parameter 'scale' must be finite and > 0, got {scale!r}")
     q = floats.round_to(x / s, name, saturate=True)     # one rounding, from the quotient's precision
     return (np.asarray(q).astype(x.dtype) * s).astype(x.dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------------------
+# One round trip per storage format name (kvcost.formats), and K/V pairs of a spec
+# ----------------------------------------------------------------------------------------
+
+#: ``role`` of a tensor in :func:`roundtrip`: formats that store K and V differently (KIVI) need it.
+ROLES = ("k", "v")
+_CASTS = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def _round_float(x: np.ndarray, name: str) -> np.ndarray:
+    """``x`` rounded once to nearest even into a plain float (x's floating dtype out): a cast where
+    ``x`` holds float32 values (one rounding), else :func:`kvcost.floats.round_to` from float64."""
+    x = _as_float(x)
+    if x.dtype == np.float32 or np.array_equal(x.astype(np.float32), x):
+        return x.astype(np.float32).astype(_CASTS[name]).astype(x.dtype)
+    return np.asarray(floats.round_to(x, name), dtype=x.dtype)
+
+
+def _kivi_one(x: np.ndarray, f: formats.Format, role: str) -> np.ndarray:
+    """KIVI for one tensor: K per channel, V per token (:func:`kivi_roundtrip`'s layouts and residuals)."""
+    x = _as_float(x)
+    if x.ndim < 2:
+        raise ValueError(f"parameter 'x' must have shape (..., tokens, head_dim) for KIVI, got shape {x.shape}")
+    n_tok, r = x.shape[-2], f.residual
+    if role == "k":
+        full = n_tok if (r and n_tok < r) else (n_tok % r if r else 0)
+        return intk_roundtrip(x, f.payload_bits, "channel", symmetric=False, group_size=f.block, residual=full)
+    return intk_roundtrip(x, f.payload_bits, "token", symmetric=False, group_size=f.block, residual=min(n_tok, r))
+
+
+def _format_roundtrip(x: np.ndarray, f: formats.Format, role: str) -> np.ndarray:
+    fam = f.family
+    if fam == "float":
+        return _round_float(x, f.name)
+    if fam == "fp8":
+        if f.element == "float8_e4m3fnuz":
+            scale = 1.0 if f.scale == "tensor" else None
+            return blockfloat.scaled_fp8_roundtrip(x, f.element, f.scale if scale is None else "tensor", scale=scale)
+        elem = "e4m3" if f.element == "float8_e4m3fn" else "e5m2"
+        if f.scale == "tensor":
+            return fp8_roundtrip(x, elem, scale=1.0)
+        return fp8_roundtrip(x, elem, f.scale)
+    if fam == "ggml":
+        return ggml_roundtrip(x, f.name)
+    if fam == "intk":
+        if f.scale == "group":
+            return intk_roundtrip(x, f.payload_bits, "token", symmetric=False, group_size=f.block)
+        return intk_roundtrip(x, f.payload_bits, f.scale)
+    if fam == "kivi":
+        return _kivi_one(x, f, role)
+    if fam == "mx":
+        return blockfloat.mx_roundtrip(x, f.element, f.block)
+    if fam == "nvfp4":
+        return blockfloat.nvfp4_roundtrip(x, four_over_six=f.name == "nvfp4_4over6")
+    raise ValueError(f"parameter 'fmt': format {f.name!r} has no quantizer (family {fam!r})")  # pragma: no cover
+
+
+def _single_spec(fmt: str | CacheSpec, role: str) -> tuple[CacheSpec, formats.Format]:
+    if role not in ROLES:
+        raise ValueError(f"parameter 'role' must be one of {list(ROLES)}, got {role!r}")
+    spec = parse_spec(fmt, param="fmt")
+    if spec.skip_layers:
+        raise ValueError(f"parameter 'fmt': {spec.label!r} names layers to skip; a round trip stores one tensor "
+                         f"(size whole models with kvcost.sizing)")
+    if spec.k_order is not None:
+        raise ValueError(f"parameter 'fmt': {spec.label!r}: K's channel order is the real decoder's "
+                         f"(kvcost.realmodel.store_kv); a round trip takes the channels as given")
+    return spec, formats.get(spec.k if role == "k" else spec.v)
+
+
+def roundtrip(x: np.ndarray, fmt: str | CacheSpec, *, role: str = "v") -> np.ndarray:
+    """Store ``x`` in storage format ``fmt`` and load it back, as attention sees the values.
+
+    ``fmt``: any :mod:`kvcost.formats` name or alias (the names :func:`kvcost.sizing.cache_bytes`
+    accepts), optionally ``+hadamard`` (rotate the last axis, store, rotate back) or ``K/V`` (``role``
+    picks K's or V's). Blocks, groups and per-token scales run along the last axis (channels); a
+    per-channel or per-head scale spans the tokens (axis -2); ``role="k"`` stores KIVI's K per
+    channel, ``"v"`` (default) per token. Plain floats and fp8 keep ``x``'s floating dtype (one
+    rounding from its precision; fp8 at scale 1.0, vLLM's uncalibrated default, saturating); block
+    formats compute and return float32. ``mxfp4`` / ``mxfp8`` / ``fp4_mx_block16`` follow OCP MX
+    v1.0, ``nvfp4`` torchao's NVFP4 arithmetic with the array's own amax as tensor scale, llama.cpp's
+    blocks its reference quantizers bit for bit.
+    """
+    spec, f = _single_spec(fmt, role)
+    if spec.rotation:
+        return rotated_roundtrip(x, lambda y: _format_roundtrip(y, f, role))
+    return _format_roundtrip(x, f, role)
+
+
+def roundtrip_fn(fmt: str | CacheSpec, *, role: str = "v") -> Callable[[np.ndarray], np.ndarray]:
+    """The function ``x -> roundtrip(x, fmt, role=role)``, the spec checked once (for callers that
+    store many arrays in one format, e.g. FlashAttention-3's ``store``)."""
+    spec, f = _single_spec(fmt, role)
+    if spec.rotation:
+        return lambda x: rotated_roundtrip(x, lambda y: _format_roundtrip(y, f, role))
+    return lambda x: _format_roundtrip(x, f, role)
+
+
+def store_kv(k: np.ndarray, v: np.ndarray, spec: str | CacheSpec) -> tuple[np.ndarray, np.ndarray]:
+    """K and V ``(..., tokens, head_dim)`` as a cache in ``spec`` hands them to attention (float32).
+
+    ``spec``: ``K``, ``K/V``, with ``+hadamard`` (both rotated by the normalized Hadamard matrix in
+    float32, stored, rotated back). K in a KIVI format with V in the same is KIVI's joint
+    end-of-prefill layout (:func:`kivi_roundtrip`); otherwise each is :func:`roundtrip` with its
+    role. K's channel order (``@hf``) is :func:`kvcost.realmodel.store_kv`'s business.
+    """
+    s = parse_spec(spec, param="spec")
+    if s.skip_layers:
+        raise ValueError(f"parameter 'spec': {s.label!r} names layers to skip; store_kv stores one layer")
+    k = np.asarray(k, dtype=np.float32)
+    v = np.asarray(v, dtype=np.float32)
+    if s.rotation:
+        k, v = (hadamard_rotate(x).astype(np.float32) for x in (k, v))
+    kf, vf = formats.get(s.k), formats.get(s.v)
+    if kf.family == "kivi" and kf == vf:
+        kh, vh = kivi_roundtrip(k, v, kf.payload_bits, group_size=kf.block, residual=kf.residual)
+    else:
+        kh, vh = _format_roundtrip(k, kf, "k"), _format_roundtrip(v, vf, "v")
+    if s.rotation:
+        kh, vh = (hadamard_rotate(np.asarray(x, dtype=np.float32)) for x in (kh, vh))
+    return np.ascontiguousarray(kh, dtype=np.float32), np.ascontiguousarray(vh, dtype=np.float32)

@@ -20,6 +20,7 @@ from typing import Any
 from . import formats
 from .hfconfig import FULL, KV_KINDS, MLA, SLIDING, Geometry, StateSpec, from_hf_config
 from .models import POST_MODELS, load_model, naive_geometry
+from .storage.spec import CacheSpec, parse_spec
 from .units import GIB
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "growth_bytes_per_token",
     "kv_bytes_per_token",
     "kv_formats",
+    "kv_spec",
     "layer_breakdown",
     "load_model",
     "max_context",
@@ -62,18 +64,16 @@ def check_context(context: Any, name: str = "context", lo: int = 0) -> int:
     return context
 
 
-def kv_formats(dtype: str, v_dtype: str | None) -> tuple[formats.Format, formats.Format]:
+def kv_spec(dtype: str | CacheSpec, v_dtype: str | None = None) -> CacheSpec:
+    """``dtype`` (a storage spec: ``K``, ``K/V``, ``+hadamard``, ``;skip=sliding_window``, ...; see
+    :mod:`kvcost.storage.spec`) and ``v_dtype`` parsed once; errors name the parameter."""
+    return parse_spec(dtype, v_dtype, param="dtype")
+
+
+def kv_formats(dtype: str | CacheSpec, v_dtype: str | None) -> tuple[formats.Format, formats.Format]:
     """The K and V storage formats (V defaults to K's); errors name the parameter."""
-    try:
-        kf = formats.get(dtype)
-    except ValueError as err:
-        raise ValueError(f"parameter 'dtype': {err}") from None
-    if v_dtype is None:
-        return kf, kf
-    try:
-        return kf, formats.get(v_dtype)
-    except ValueError as err:
-        raise ValueError(f"parameter 'v_dtype': {err}") from None
+    spec = kv_spec(dtype, v_dtype)
+    return spec.k_format, spec.v_format
 
 
 def _tokens_bytes(fmt: formats.Format, tokens: int, n_values: int, head_dim: int) -> Fraction:
@@ -88,9 +88,9 @@ def _tokens_bytes(fmt: formats.Format, tokens: int, n_values: int, head_dim: int
     return tokens * fmt.row_bytes(n_values, head_dim)
 
 
-def _mla_layout(g: Geometry, dtype: str) -> int | None:
+def _mla_layout(g: Geometry, dtype: str | CacheSpec) -> int | None:
     """Bytes per token per MLA layer for an engine layout name (``fp8_ds_mla``), else None."""
-    if dtype not in MLA_LAYOUTS:
+    if not isinstance(dtype, str) or dtype not in MLA_LAYOUTS:
         return None
     if not g.count(MLA):
         raise ValueError(f"parameter 'dtype': {dtype} is a cache layout for MLA models (DeepSeek); "
@@ -98,21 +98,34 @@ def _mla_layout(g: Geometry, dtype: str) -> int | None:
     return MLA_LAYOUTS[dtype]
 
 
-def layer_breakdown(g: Geometry, context: int, dtype: str = "bf16",
+def _layer_groups(g: Geometry, spec: CacheSpec, kinds: tuple[str, ...]) -> list[tuple[str, int, str, str]]:
+    """``(kind, layers, K format, V format)`` per kind of KV layer, the layers the spec skips apart."""
+    out = []
+    for kind in kinds:
+        idx = [i for i, k in enumerate(g.layer_kinds) if k == kind]
+        skipped = sum(1 for i in idx if spec.skips(i, kind))
+        if len(idx) - skipped:
+            out.append((kind, len(idx) - skipped, spec.k, spec.v))
+        if skipped:
+            out.append((kind, skipped, spec.skip_dtype, spec.skip_dtype))
+    return out
+
+
+def layer_breakdown(g: Geometry, context: int, dtype: str | CacheSpec = "bf16",
                     v_dtype: str | None = None) -> list[dict[str, Any]]:
-    """One row per kind of KV-holding layer: layers, tokens held, K, V and latent bytes (exact Fractions).
+    """One row per kind of KV-holding layer: layers, tokens held, K, V and latent bytes (exact Fractions),
+    and the K and V formats (layers a spec skips, e.g. ``nvfp4;skip=sliding_window``, are a row of
+    their own, in the skip format).
 
     MLA layers keep one latent per token shared by K and V: it is reported as ``latent_bytes``
     (``k_bytes`` and ``v_bytes`` are 0 there), never as a K with an empty V.
     """
     context = check_context(context)
     layout = _mla_layout(g, dtype)
-    kf, vf = kv_formats("fp8_e4m3" if layout else dtype, v_dtype)
+    spec = kv_spec("fp8_e4m3" if layout else dtype, v_dtype)
     rows = []
-    for kind in KV_KINDS:
-        n = g.count(kind)
-        if not n:
-            continue
+    for kind, n, kname, vname in _layer_groups(g, spec, KV_KINDS):
+        kf, vf = formats.get(kname), formats.get(vname)
         tokens = min(context, g.window) if kind == SLIDING and g.window is not None else context
         k_b = v_b = lat = Fraction(0)
         if kind == MLA:
@@ -122,33 +135,34 @@ def layer_breakdown(g: Geometry, context: int, dtype: str = "bf16",
             k_b = _tokens_bytes(kf, tokens, g.kv_heads * g.head_dim, g.head_dim)
             v_b = _tokens_bytes(vf, tokens, g.kv_heads * g.v_head_dim, g.v_head_dim)
         rows.append({"kind": kind, "layers": n, "tokens": tokens,
-                     "k_bytes": n * k_b, "v_bytes": n * v_b, "latent_bytes": n * lat})
+                     "k_bytes": n * k_b, "v_bytes": n * v_b, "latent_bytes": n * lat,
+                     "k_format": dtype if layout and kind == MLA else kname,
+                     "v_format": dtype if layout and kind == MLA else vname})
     return rows
 
 
-def cache_bytes(g: Geometry, context: int, dtype: str = "bf16", v_dtype: str | None = None) -> int:
+def cache_bytes(g: Geometry, context: int, dtype: str | CacheSpec = "bf16", v_dtype: str | None = None) -> int:
     """Bytes of KV cache one sequence of ``context`` tokens holds, over all layers.
 
     Sliding-window layers hold ``min(context, window)`` tokens; MLA layers hold their
     latent (in ``dtype``; ``v_dtype`` does not apply; ``fp8_ds_mla`` is vLLM's 656-byte
     layout); linear-attention / SSM layers hold no KV (see :func:`state_bytes`).
-    ``dtype`` / ``v_dtype`` are :mod:`kvcost.formats` names; block formats are counted in
-    whole blocks per row, the total rounded up to a whole byte. Unknown format or negative
-    context: ``ValueError``.
+    ``dtype`` / ``v_dtype`` are :mod:`kvcost.formats` names (``dtype`` may be a compound spec,
+    :mod:`kvcost.storage.spec`: ``q8_0/q4_0``, ``nvfp4;skip=sliding_window``); block formats
+    are counted in whole blocks per row, the total rounded up to a whole byte. Unknown format or
+    negative context: ``ValueError``.
     """
     rows = layer_breakdown(g, context, dtype, v_dtype)
     total = sum((r["k_bytes"] + r["v_bytes"] + r["latent_bytes"] for r in rows), Fraction(0))
     return math.ceil(total)
 
 
-def _per_token(g: Geometry, kinds: tuple[str, ...], dtype: str, v_dtype: str | None) -> Fraction:
+def _per_token(g: Geometry, kinds: tuple[str, ...], dtype: str | CacheSpec, v_dtype: str | None) -> Fraction:
     layout = _mla_layout(g, dtype)
-    kf, vf = kv_formats("fp8_e4m3" if layout else dtype, v_dtype)
+    spec = kv_spec("fp8_e4m3" if layout else dtype, v_dtype)
     total = Fraction(0)
-    for kind in kinds:
-        n = g.count(kind)
-        if not n:
-            continue
+    for kind, n, kname, vname in _layer_groups(g, spec, kinds):
+        kf, vf = formats.get(kname), formats.get(vname)
         if kind == MLA:
             assert g.mla_latent is not None
             total += n * (layout or kf.row_bytes(g.mla_latent, g.mla_latent))
@@ -158,7 +172,7 @@ def _per_token(g: Geometry, kinds: tuple[str, ...], dtype: str, v_dtype: str | N
     return total
 
 
-def kv_bytes_per_token(g: Geometry, dtype: str = "bf16", v_dtype: str | None = None) -> float:
+def kv_bytes_per_token(g: Geometry, dtype: str | CacheSpec = "bf16", v_dtype: str | None = None) -> float:
     """Bytes one token costs while every KV layer still holds it (context within every window).
 
     The short-context slope of :func:`cache_bytes`; past the sliding windows only full and
@@ -168,7 +182,7 @@ def kv_bytes_per_token(g: Geometry, dtype: str = "bf16", v_dtype: str | None = N
     return float(_per_token(g, KV_KINDS, dtype, v_dtype))
 
 
-def growth_bytes_per_token(g: Geometry, dtype: str = "bf16", v_dtype: str | None = None) -> float:
+def growth_bytes_per_token(g: Geometry, dtype: str | CacheSpec = "bf16", v_dtype: str | None = None) -> float:
     """Bytes each further token adds once the context is past every sliding window (full + MLA layers).
 
     0 for a model whose every KV layer slides: its cache stops growing at the window.
@@ -191,12 +205,15 @@ def state_bytes(g: Geometry, dtype: str | None = None) -> int | None:
     return math.ceil(g.state_layers * g.state.values * fmt.bytes_per_value())
 
 
-def shared_bytes(g: Geometry, dtype: str = "bf16", v_dtype: str | None = None) -> int:
+def shared_bytes(g: Geometry, dtype: str | CacheSpec = "bf16", v_dtype: str | None = None) -> int:
     """Context-independent cache metadata shared by all sequences (static per-head scales)."""
-    kf, vf = kv_formats("fp8_e4m3" if _mla_layout(g, dtype) else dtype, v_dtype)
+    spec = kv_spec("fp8_e4m3" if _mla_layout(g, dtype) else dtype, v_dtype)
     heads = 1 if g.count(MLA) else g.kv_heads
-    per_layer = formats.fixed_bytes(kf, heads) + (0 if g.count(MLA) else formats.fixed_bytes(vf, heads))
-    return g.kv_layers * per_layer
+    total = 0
+    for _, n, kname, vname in _layer_groups(g, spec, KV_KINDS):
+        per_layer = formats.fixed_bytes(kname, heads) + (0 if g.count(MLA) else formats.fixed_bytes(vname, heads))
+        total += n * per_layer
+    return total
 
 
 def _budget_bytes(budget_gib: Any) -> int:
@@ -206,7 +223,7 @@ def _budget_bytes(budget_gib: Any) -> int:
     return int(budget_gib * GIB)
 
 
-def requests_in_budget(g: Geometry, budget_gib: float, context: int, dtype: str = "bf16",
+def requests_in_budget(g: Geometry, budget_gib: float, context: int, dtype: str | CacheSpec = "bf16",
                        v_dtype: str | None = None, include_state: bool = True,
                        state_dtype: str | None = None) -> int:
     """How many concurrent sequences of ``context`` tokens fit in ``budget_gib`` GiB of cache.
@@ -214,8 +231,9 @@ def requests_in_budget(g: Geometry, budget_gib: float, context: int, dtype: str 
     Each sequence costs :func:`cache_bytes` plus (``include_state``) its recurrent state;
     static per-head scales are taken from the budget once.
     """
-    budget = _budget_bytes(budget_gib) - shared_bytes(g, dtype, v_dtype)
-    per = cache_bytes(g, context, dtype, v_dtype)
+    arg = dtype if _mla_layout(g, dtype) else kv_spec(dtype, v_dtype)
+    budget = _budget_bytes(budget_gib) - shared_bytes(g, arg)
+    per = cache_bytes(g, context, arg)
     if include_state:
         per += state_bytes(g, state_dtype) or 0
     if per <= 0:
@@ -223,7 +241,7 @@ def requests_in_budget(g: Geometry, budget_gib: float, context: int, dtype: str 
     return max(0, budget // per)
 
 
-def max_context(g: Geometry, budget_gib: float, dtype: str = "bf16", v_dtype: str | None = None,
+def max_context(g: Geometry, budget_gib: float, dtype: str | CacheSpec = "bf16", v_dtype: str | None = None,
                 requests: int = 1, include_state: bool = True,
                 state_dtype: str | None = None) -> int | None:
     """The longest context ``requests`` concurrent sequences can each hold in ``budget_gib`` GiB.
@@ -233,11 +251,12 @@ def max_context(g: Geometry, budget_gib: float, dtype: str = "bf16", v_dtype: st
     """
     if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
         raise ValueError(f"parameter 'requests' must be a positive integer, got {requests!r}")
-    budget = _budget_bytes(budget_gib) - shared_bytes(g, dtype, v_dtype)
+    arg = dtype if _mla_layout(g, dtype) else kv_spec(dtype, v_dtype)
+    budget = _budget_bytes(budget_gib) - shared_bytes(g, arg)
     fixed = (state_bytes(g, state_dtype) or 0) if include_state else 0
 
     def fits(ctx: int) -> bool:
-        return requests * (cache_bytes(g, ctx, dtype, v_dtype) + fixed) <= budget
+        return requests * (cache_bytes(g, ctx, arg) + fixed) <= budget
 
     if not fits(0):
         return 0
@@ -314,15 +333,16 @@ class Plan:
         return d
 
 
-def naive_cache_bytes(g: Geometry, context: int, dtype: str = "bf16", v_dtype: str | None = None) -> int:
-    """The post's formula on the config's own numbers (every layer, K and V of every KV head), in K/V formats."""
+def naive_cache_bytes(g: Geometry, context: int, dtype: str | CacheSpec = "bf16", v_dtype: str | None = None) -> int:
+    """The post's formula on the config's own numbers (every layer, K and V of every KV head), in K/V formats
+    (skipped layers are the post's blind spot too: every layer in K's and V's format)."""
     context = check_context(context)
-    kf, vf = kv_formats("fp8_e4m3" if dtype in MLA_LAYOUTS else dtype, v_dtype)
+    kf, vf = kv_formats("fp8_e4m3" if isinstance(dtype, str) and dtype in MLA_LAYOUTS else dtype, v_dtype)
     layers, kvh, hd = g.naive
     return math.ceil(layers * kvh * hd * context * (kf.bytes_per_value(hd) + vf.bytes_per_value(hd)))
 
 
-def plan(g: Geometry, context: int, dtype: str = "bf16", v_dtype: str | None = None,
+def plan(g: Geometry, context: int, dtype: str | CacheSpec = "bf16", v_dtype: str | None = None,
          budget_gib: float | None = None, request_tokens: int | None = None,
          state_dtype: str | None = None) -> Plan:
     """Everything a capacity planner asks, for one model at one context and format.
@@ -338,9 +358,10 @@ def plan(g: Geometry, context: int, dtype: str = "bf16", v_dtype: str | None = N
     if request_tokens is not None and budget_gib is None:
         raise ValueError("parameter 'request_tokens' needs 'budget_gib': requests are counted in a budget")
     layout = _mla_layout(g, dtype)
-    kf, vf = kv_formats("fp8_e4m3" if layout else dtype, v_dtype)
-    kname = dtype if layout else kf.name
-    vname = kname if layout else vf.name
+    spec = kv_spec("fp8_e4m3" if layout else dtype, v_dtype)            # parsed once, passed on as a CacheSpec
+    kname = dtype if layout else spec.k
+    vname = kname if layout else spec.v
+    arg: str | CacheSpec = dtype if layout else spec
     rt = context if request_tokens is None else check_context(request_tokens, "request_tokens", lo=1)
     sdt = state_dtype or g.state_dtype or "bf16"
     try:
@@ -352,30 +373,29 @@ def plan(g: Geometry, context: int, dtype: str = "bf16", v_dtype: str | None = N
     unbounded = False
     maxpos = g.max_position_embeddings
     if budget_gib is not None:
-        requests = requests_in_budget(g, budget_gib, rt, kname, vname if not layout else None, state_dtype=sdt)
-        mc_mem = max_context(g, budget_gib, kname, vname if not layout else None, state_dtype=sdt)
+        requests = requests_in_budget(g, budget_gib, rt, arg, state_dtype=sdt)
+        mc_mem = max_context(g, budget_gib, arg, state_dtype=sdt)
         unbounded = mc_mem is None
         mc = mc_mem if maxpos is None else (maxpos if mc_mem is None else min(mc_mem, maxpos))
         if requests == 0:
-            need = cache_bytes(g, rt, kname, vname if not layout else None) + (state_bytes(g, sdt) or 0)
+            need = cache_bytes(g, rt, arg) + (state_bytes(g, sdt) or 0)
             warnings.append(f"does not fit: one request of {rt:,} tokens needs {need / GIB:.3f} GiB of KV cache, "
                             f"the budget is {budget_gib:g} GiB")
         if maxpos is not None and (mc_mem is None or mc_mem > maxpos):
             mem = "no limit (every KV layer is windowed)" if mc_mem is None else f"{mc_mem:,} tokens"
             warnings.append(f"memory alone would allow {mem}, but {g.name} is trained to "
                             f"max_position_embeddings {maxpos:,}: longest context reported as {maxpos:,}")
-    v_arg = None if layout else vname
     return Plan(
         model=g.name, summary=g.summary(), context=context, dtype=kname, v_dtype=vname,
-        bytes_per_token=kv_bytes_per_token(g, kname, v_arg),
-        bytes_per_token_past_windows=growth_bytes_per_token(g, kname, v_arg),
-        cache_bytes=cache_bytes(g, context, kname, v_arg),
-        naive_cache_bytes=naive_cache_bytes(g, context, kname, v_arg),
+        bytes_per_token=kv_bytes_per_token(g, arg),
+        bytes_per_token_past_windows=growth_bytes_per_token(g, arg),
+        cache_bytes=cache_bytes(g, context, arg),
+        naive_cache_bytes=naive_cache_bytes(g, context, arg),
         state_bytes=state_bytes(g, sdt), state_dtype=sdt,
-        shared_bytes=shared_bytes(g, kname, v_arg),
+        shared_bytes=shared_bytes(g, arg),
         budget_gib=budget_gib, request_tokens=rt if budget_gib is not None else None, requests=requests,
         max_context=mc, max_context_memory=mc_mem, max_context_unbounded=unbounded, max_position_embeddings=maxpos,
-        breakdown=tuple(layer_breakdown(g, context, kname, v_arg)),
+        breakdown=tuple(layer_breakdown(g, context, arg)),
         warnings=tuple(warnings), notes=g.notes,
     )
 

@@ -4,6 +4,10 @@ Rules (vLLM ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/v1/kv_cache_interface.
 ``data/engine_logs/README.md``):
 
 - A page is one block of one layer: ``2 x block_size x kv_heads_per_rank x head_size x dtype bytes``
+  (``nvfp4``: ``head_size // 2 + head_size // 16`` bytes per head and token, fp4 data and fp8 block
+  scales packed; ``*_per_token_head``: data plus one fp32 scale per token and head for K and for V,
+  ``int4_per_token_head`` packing two values a byte; vllm/v1/kv_cache_interface.py, sources in
+  data/storage_formats.md)
   (MLA: ``block_size x (kv_lora_rank + qk_rope_head_dim) x dtype bytes``, no factor 2; vLLM's
   ``fp8_ds_mla`` layout: ``block_size x 656`` bytes). ``kv_heads_per_rank = max(1, kv_heads // tp)``:
   KV heads split over tensor parallelism, replicated when there are fewer than ranks.
@@ -23,13 +27,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from . import formats
 from .hfconfig import FULL, MLA, SLIDING, Geometry
 from .units import GIB
 
 __all__ = ["CACHE_DTYPES", "VllmPlan", "page_bytes", "plan"]
 
-#: --kv-cache-dtype -> bytes per value ("auto": the model dtype, bf16/fp16 = 2 bytes).
-CACHE_DTYPES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": None}
+#: --kv-cache-dtype -> the kvcost format it stores (``auto``: the model dtype, taken as bf16; ``fp8_ds_mla``:
+#: vLLM's 656-byte MLA layout, no format). The names are kvcost.formats.ENGINES["vllm"]'s.
+CACHE_DTYPES: dict[str, str | None] = {"auto": "bf16", **formats.ENGINES["vllm"], "fp8_ds_mla": None}
 FP8_DS_MLA_BYTES = 656      # 512 fp8 latent + 4 fp32 scales + 64 bf16 RoPE values per token per layer
 
 
@@ -41,16 +47,25 @@ def page_bytes(g: Geometry, block_size: int = 16, tp: int = 1, kv_cache_dtype: s
     """Bytes of one block of one attention layer on one tensor-parallel rank."""
     if kv_cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"--kv-cache-dtype must be one of {', '.join(CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    name = CACHE_DTYPES[kv_cache_dtype]
     if g.count(MLA):
         assert g.mla_latent is not None
-        if kv_cache_dtype == "fp8_ds_mla":
+        if name is None:
             return block_size * FP8_DS_MLA_BYTES
-        return block_size * g.mla_latent * CACHE_DTYPES[kv_cache_dtype]
-    if kv_cache_dtype == "fp8_ds_mla":
+        f = formats.get(name)
+        if f.family not in ("float", "fp8") or f.scale not in ("none", "tensor"):
+            raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} is not a cache layout for MLA latents in this model "
+                             f"(plain or per-tensor fp8 types, or fp8_ds_mla)")
+        return block_size * g.mla_latent * int(f.bytes_per_value())
+    if name is None:
         raise ValueError(f"--kv-cache-dtype fp8_ds_mla is vLLM's layout for MLA models (DeepSeek); {g.name} has no "
                          f"MLA layers")
     heads = max(1, g.kv_heads // tp)
-    return block_size * heads * (g.head_dim + g.v_head_dim) * CACHE_DTYPES[kv_cache_dtype]
+    f = formats.get(name)
+    per_head = f.row_bytes(g.head_dim, g.head_dim) + f.row_bytes(g.v_head_dim, g.v_head_dim)
+    if per_head.denominator != 1:
+        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} packs head_size {g.head_dim} into a fraction of a byte")
+    return block_size * heads * int(per_head)
 
 
 @dataclass(frozen=True)
