@@ -82,6 +82,8 @@ def _flags(message: str) -> str:
 def format_plan(p: sizing.Plan) -> str:
     """The readable table ``kvcost size`` prints."""
     fmt_label = p.dtype if p.dtype == p.v_dtype else f"K {p.dtype} / V {p.v_dtype}"
+    if p.skip_layers:
+        fmt_label += f"; {', '.join(p.skip_layers)} layers in {p.skip_dtype}"
     mla = any(r["kind"] == "mla" for r in p.breakdown)
     rows = [("model", p.model), ("layers", p.summary), ("format", fmt_label)]
     rows.append(("per token", f"{_bytes(p.bytes_per_token)} while every KV layer holds it"))
@@ -164,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("size", help="size the KV cache of one model")
     s.add_argument("model", metavar="MODEL", help="a name from `python -m kvcost models`, or a path to config.json")
     s.add_argument("--context", type=parse_tokens, default=131072, help="tokens per sequence: 131072, 128k, 1M")
-    s.add_argument("--dtype", default="bf16", help="K format (and V unless --v-dtype); default bf16")
+    s.add_argument("--dtype", default="bf16", help="K format (and V unless --v-dtype), or a spec such as q8_0/q4_0 "
+                   "or nvfp4;skip=sliding_window (`python -m kvcost formats`); default bf16")
     s.add_argument("--v-dtype", default=None, help="V format when it differs from K")
     s.add_argument("--budget-gib", type=_positive_float, default=None, help="KV memory budget in GiB")
     s.add_argument("--request-tokens", type=parse_tokens, default=None,
@@ -227,7 +230,7 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{n:28s} {models.model_record(n).get('hf_repo', '')}")
         return 0
     if args.command == "formats":
-        rows = [formats.describe(n) for n in formats.names()]
+        rows = [formats.describe_full(n) for n in formats.all_names()]
         if args.json:
             print(json.dumps(rows, indent=2))
         else:

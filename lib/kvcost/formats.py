@@ -118,6 +118,8 @@ _ALIASES = {
     # vLLM's per-token-head caches are the post's per-token layouts (one fp32 scale per token and KV head)
     "fp8_per_token_head": "fp8_e4m3_token", "int8_per_token_head": "int8_token",
     "int4_per_token_head": "int4_token",
+    # the reference that stores nothing: one name ("none" in the planner's tables)
+    "none": "exact",
 }
 
 #: Bare element names that mean different formats in different libraries: refused with the choices.
@@ -212,6 +214,9 @@ def _nonneg_int(name: str, value: object) -> int:
 
 
 def _build(name: str) -> Format:
+    if name == "exact":
+        return Format("exact", "no storage rounding: values kept as computed (float64), the reference", 64, 1,
+                      Fraction(8), family="exact", element="float64")
     if name in _PLAIN:
         nbytes, desc = _PLAIN[name]
         element = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[name]

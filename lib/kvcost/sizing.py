@@ -320,6 +320,8 @@ class Plan:
     breakdown: tuple[dict[str, Any], ...]
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
+    skip_layers: tuple[str, ...] = ()    # layers kept in skip_dtype (vLLM kv_cache_dtype_skip_layers)
+    skip_dtype: str = "bf16"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict (Fractions as floats)."""
@@ -328,6 +330,7 @@ class Plan:
                           for row in self.breakdown]
         d["warnings"] = list(self.warnings)
         d["notes"] = list(self.notes)
+        d["skip_layers"] = list(self.skip_layers)
         d["cache_gib"] = self.cache_bytes / GIB
         d["naive_cache_gib"] = self.naive_cache_bytes / GIB
         return d
@@ -396,7 +399,7 @@ def plan(g: Geometry, context: int, dtype: str | CacheSpec = "bf16", v_dtype: st
         budget_gib=budget_gib, request_tokens=rt if budget_gib is not None else None, requests=requests,
         max_context=mc, max_context_memory=mc_mem, max_context_unbounded=unbounded, max_position_embeddings=maxpos,
         breakdown=tuple(layer_breakdown(g, context, arg)),
-        warnings=tuple(warnings), notes=g.notes,
+        warnings=tuple(warnings), notes=g.notes, skip_layers=spec.skip_layers, skip_dtype=spec.skip_dtype,
     )
 
 

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import pandas as pd
 
-from .. import fleet, floats, formats, ggml, realkv, stats, vllm
+from .. import fleet, quant, realkv, stats, vllm
 from ..models import load_model
+from ..storage.spec import CacheSpec, parse_spec
 from ..units import GIB
 from . import longrange
 
@@ -25,32 +25,17 @@ __all__ = ["NEEDLE_DIR", "check_slice", "committed_needle", "dtype_choice", "nee
 #: The committed full-scale needle measurement (needle.csv + provenance.json).
 NEEDLE_DIR = Path(__file__).resolve().parents[3] / "data" / "plan_needle"
 
-_FLOAT_STORES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-#: numpy / ml_dtypes types whose cast from float32 rounds once, to nearest even (the fast path of store_as)
-_CASTS = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp8_e4m3": ml_dtypes.float8_e4m3fn,
-          "fp8_e5m2": ml_dtypes.float8_e5m2}
-
-
-def store_as(x: np.ndarray, fmt: str) -> np.ndarray:
-    """``x`` (rows along the last axis) as a cache in ``fmt`` hands it back to attention: a float
-    format rounded to nearest (fp8 saturating, per-tensor scale 1), a llama.cpp block format through
-    its reference quantizer; ``none`` unchanged. Float64 out."""
-    if fmt == "none":
-        return np.asarray(x, dtype=np.float64)
-    name = formats.get(fmt).name
-    if name in _FLOAT_STORES:
-        a = np.asarray(x, dtype=np.float64)
-        a32 = a.astype(np.float32)
-        if np.array_equal(a32, a):
-            # float32 values: one cast rounds to nearest even; clipping to the largest finite value first
-            # saturates exactly as floats.round_to(..., saturate=True) does (tests compare the two)
-            top = floats.parse_format(_FLOAT_STORES[name]).max
-            return np.clip(a32, -top, top).astype(_CASTS[name]).astype(np.float64)
-        return np.asarray(floats.round_to(a, _FLOAT_STORES[name], saturate=True))
-    if name in formats.GGML_BLOCKS:
-        return ggml.ggml_roundtrip(np.asarray(x, dtype=np.float32), name).astype(np.float64)
-    raise ValueError(f"parameter 'dtypes': {fmt!r} has no storage emulation here (float formats and llama.cpp "
-                     f"blocks: {sorted(_FLOAT_STORES) + sorted(formats.GGML_BLOCKS)})")
+def store_as(x: np.ndarray, fmt: str | CacheSpec, role: str = "v") -> np.ndarray:
+    """``x`` (rows along the last axis) as a cache in ``fmt`` hands it back to attention, through the
+    one round trip :func:`kvcost.quant.roundtrip` (float formats rounded to nearest and saturating,
+    fp8 at per-tensor scale 1, llama.cpp blocks through their reference quantizers, MX / NVFP4 / per
+    token·head as the registry says; ``none`` unchanged). KIVI stores K and V jointly with a residual
+    window and has no single-tensor emulation here. Float64 out."""
+    spec = parse_spec(fmt, param="dtypes")
+    if "kivi" in (spec.k_format.family, spec.v_format.family):
+        raise ValueError(f"parameter 'dtypes': {spec.label!r} has no storage emulation here (KIVI keeps K and V "
+                         f"with a residual window; every other kvcost.formats name does)")
+    return np.asarray(quant.roundtrip(np.asarray(x, dtype=np.float64), spec, role=role), dtype=np.float64)
 
 
 def needle_by_format(contexts: Sequence[int], dtypes: Sequence[str], trials: int = 4, needle_weight: float = 0.1,
@@ -58,30 +43,31 @@ def needle_by_format(contexts: Sequence[int], dtypes: Sequence[str], trials: int
     """A needle in each K/V format at each context: rows ``n_tokens, trial, storage, share, rel_l2, retrieved``.
 
     Notebook 06's haystack (:func:`kvcost.experiments.longrange.make_haystack`) for the median real
-    head of ``data/real_kv``, kept exact; K and V stored in each format (``K`` or ``K/V`` names;
-    ``none/none`` is the reference); attention in float64. Retrieved: the needle's recovered weight
+    head of ``data/real_kv``, kept exact; K and V stored in each format (storage specs, ``K`` or
+    ``K/V``, :mod:`kvcost.storage.spec`; ``none/none`` is the reference);
+    attention in float64. Retrieved: the needle's recovered weight
     within a factor 2 of its exact weight (notebook 06's criterion). Trial ``t`` (from ``first_trial``)
     is haystack seed ``seed + t``, so any slice of trials can be recomputed on its own.
     """
     profile = longrange.pick_profiles(longrange.head_profiles(realkv.load_real_kv()), 1)[0]
-    specs = ["none/none"] + [d if "/" in d else f"{d}/{d}" for d in dtypes]
+    specs = [parse_spec("none")] + [parse_spec(d, param="dtypes") for d in dtypes]
     rows = []
     for n in contexts:
         for t in range(first_trial, first_trial + trials):
             h = longrange.make_haystack(profile, n, head_dim, needle_weight, seed + t, kv_format="exact")
             q = h.q.astype(np.float64)
-            stored: dict[tuple[str, str], np.ndarray] = {}        # K and V in each format, once per haystack
+            stored: dict[tuple[str, str, str | None], np.ndarray] = {}  # K and V in each format, once per haystack
             for spec in specs:
-                kf, vf = spec.split("/")
-                for key, x, f in (("k", h.k, kf), ("v", h.v, vf)):
-                    if (key, f) not in stored:
-                        stored[key, f] = store_as(x, f)
-                k, v = stored["k", kf], stored["v", vf]
+                for key, x, f in (("k", h.k, spec.k), ("v", h.v, spec.v)):
+                    if (key, f, spec.rotation) not in stored:
+                        one = CacheSpec(f, f, spec.rotation)
+                        stored[key, f, spec.rotation] = store_as(x, one, role=key)
+                k, v = stored["k", spec.k, spec.rotation], stored["v", spec.v, spec.rotation]
                 s = k @ q / math.sqrt(head_dim)
                 w = np.exp(s - s.max())
                 out = (w / w.sum()) @ v
                 m = longrange.metrics(h, out)
-                label = "none/none" if spec == "none/none" else "/".join(formats.get(f).name for f in (kf, vf))
+                label = "none/none" if spec.k == "exact" else spec.kv_label + ("+hadamard" if spec.rotation else "")
                 rows.append({"n_tokens": n, "trial": t, "storage": label, "accumulator": "exact",
                              "share": m["share"], "rel_l2": m["rel_l2"], "retrieved": m["retrieved"]})
     return pd.DataFrame(rows)

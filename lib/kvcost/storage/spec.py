@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from .. import formats
 
-__all__ = ["CHANNEL_ORDERS", "HADAMARD", "SKIP_KINDS", "STORE_PREFIX", "CacheSpec", "parse_spec"]
+__all__ = ["CHANNEL_ORDERS", "HADAMARD", "SKIP_KINDS", "STORE_PREFIX", "CacheSpec", "ChannelOrderError", "parse_spec"]
 
 #: The prefix that marks a stored-format variant of the real decoder's runs.
 STORE_PREFIX = "store:"
@@ -44,6 +44,10 @@ _GRAMMAR = re.compile(
     r"(?P<opts>(?:;[a-z_]+=[a-z0-9_,]*)*)")
 _ALLOWED = ("'[store:]K[/V][+hadamard][@hf|@gguf][;skip=sliding_window,0,...][;skip_dtype=T]', K and V "
             "kvcost.formats names")
+
+
+class ChannelOrderError(ValueError):
+    """A channel order (``@hf`` / ``@gguf``) given for a format whose stored values do not depend on it."""
 
 
 @dataclass(frozen=True)
@@ -132,8 +136,9 @@ def parse_spec(spec: str | CacheSpec, v_dtype: str | None = None, *, param: str 
             raise ValueError(f"parameter {param!r}: channel order '@{order}' in {spec!r} must be one of "
                              f"{['@' + o for o in CHANNEL_ORDERS]}")
         if order is not None and not formats.get(k).channel_blocks:
-            raise ValueError(f"parameter {param!r}: {spec!r}: '@{order}' (K's channel order) changes only formats "
-                             f"storing K in blocks of channels; {k} stores the same values in either order")
+            raise ChannelOrderError(f"parameter {param!r}: {spec!r}: '@{order}' (K's channel order) changes only "
+                                    f"formats storing K in blocks of channels; {k} stores the same values in either "
+                                    f"order")
         skips: tuple[str, ...] = ()
         skip_dtype = "bf16"
         for opt in filter(None, m["opts"].split(";")):
