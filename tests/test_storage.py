@@ -1,0 +1,369 @@
+"""The one storage vocabulary (kvcost.formats registry, kvcost.storage.spec parser, quant.roundtrip)
+and the 2026 formats: OCP MX v1.0 rules and hand-computed cases, ml_dtypes' fnuz grid exhaustively,
+NVFP4 by hand, and torchao's MX / NVFP4 reference bit for bit where torch and torchao are installed
+(``pip install torchao==0.18.0`` next to the ``[real]`` extra's torch)."""
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kvcost import formats, quant, sizing, vllm
+from kvcost.storage import CacheSpec, parse_spec
+from kvcost.storage import blockfloat as bf
+
+ALL = formats.all_names()
+RNG = np.random.default_rng(23)
+
+
+def _x(shape=(2, 3, 40, 128), spread=2.0) -> np.ndarray:
+    """Rows with a per-row magnitude spread (log-normal) so that blocks see different scales."""
+    g = RNG.standard_normal(shape) * np.exp(RNG.standard_normal((*shape[:-1], 1)) * spread)
+    return g.astype(np.float32)
+
+
+# ------------------------------------------------------------------ the registry drives the tests
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_name_has_one_roundtrip(name: str) -> None:
+    x = _x(spread=0.5)
+    y = quant.roundtrip(x, name)
+    assert y.shape == x.shape and np.isfinite(y).all()
+    assert np.array_equal(quant.roundtrip_fn(name)(x), y)
+    rel = np.linalg.norm(y - x) / np.linalg.norm(x)
+    bits = formats.bits_per_value(name, 128)
+    assert rel < (0.5 if bits < 4 else 0.2), (name, rel)           # a storage format, not noise
+    if formats.get(name).family == "float" or name == "fp32":
+        assert rel < 4e-3
+
+
+@pytest.mark.parametrize("name, per_hd", [
+    # the CONTRACT's bytes per hd values of one token and one KV head (hd = 128)
+    ("nvfp4", 128 // 2 + 128 // 16), ("nvfp4_4over6", 128 // 2 + 128 // 16), ("mxfp4", 128 // 2 + 128 // 32),
+    ("fp4_mx_block16", 128 // 2 + 128 // 16), ("mxfp8", 128 + 128 // 32), ("fp8_e4m3fnuz", 128),
+    ("int8_per_token_head", 128 + 4), ("int4_per_token_head", 128 // 2 + 4), ("fp8_per_token_head", 128 + 4),
+])
+def test_cache_bytes_of_the_2026_formats(name: str, per_hd: int) -> None:
+    g = sizing.from_hf_config({"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                               "hidden_size": 512, "head_dim": 128})
+    assert sizing.cache_bytes(g, 1000, dtype=name) == 3 * 2 * 2 * per_hd * 1000      # layers x K,V x heads
+    assert sizing.cache_bytes(g, 1000, dtype="bf16", v_dtype=name) == 3 * 2 * 1000 * (2 * 128 + per_hd)
+    assert formats.row_bytes(name, 128, head_dim=128) == per_hd
+
+
+def test_bits_per_value_and_layout_facts() -> None:
+    assert formats.bits_per_value("nvfp4") == 4.5 and formats.bits_per_value("mxfp4") == 4.25
+    assert formats.bits_per_value("fp4_mx_block16") == 4.5 and formats.bits_per_value("mxfp8") == 8.25
+    assert formats.bits_per_value("int8_per_token_head", 128) == 8.25
+    assert formats.bits_per_value("int4_per_token_head", 64) == 4.5
+    f = formats.get("nvfp4")
+    assert (f.block, f.element, f.scale_format, f.family) == (16, "float4_e2m1fn", "float8_e4m3fn", "nvfp4")
+    m = formats.get("mxfp8")
+    assert (m.block, m.element, m.scale_format, m.block_bytes) == (32, "float8_e4m3fn", "float8_e8m0fnu", 33)
+    assert formats.get("fp8_e4m3fnuz").element == "float8_e4m3fnuz"
+    assert formats.get("fp8_e4m3").element == "float8_e4m3fn"
+
+
+def test_engine_names_translate_both_ways() -> None:
+    assert formats.engine_name("nvfp4", "vllm") == "nvfp4" and formats.engine_name("q8_0", "vllm") is None
+    assert formats.engine_name("fp16", "llama.cpp") == "f16" and formats.engine_name("mxfp8", "sglang") == "mxfp8"
+    assert formats.from_engine("fp8_per_token_head", "vllm").name == "fp8_e4m3_token"
+    assert formats.from_engine("int4_per_token_head", "vllm").name == "int4_token"
+    assert formats.get("int8_per_token_head").name == "int8_token"
+    assert ("vllm", "nvfp4_4over6") in formats.get("nvfp4_4over6").engines
+    with pytest.raises(ValueError, match="'engine'"):
+        formats.engine_name("q8_0", "tgi")
+    with pytest.raises(ValueError, match="vllm has no KV cache dtype 'q4_0'"):
+        formats.from_engine("q4_0", "vllm")
+    # every engine name resolves to a registry format with a round trip
+    for table in formats.ENGINES.values():
+        for name in table.values():
+            assert name in ALL
+
+
+def test_the_e4m3_ambiguity_is_gone() -> None:
+    # kvcost.floats: eXmY e4m3 is IEEE-style (max 240); as a storage name it is refused with the choices
+    with pytest.raises(ValueError, match=r"ambiguous.*fp8_e4m3.*float8_e4m3fn.*fp8_e4m3fnuz"):
+        formats.get("e4m3")
+    with pytest.raises(ValueError, match=r"'dtype'.*ambiguous"):
+        sizing.cache_bytes(sizing.load_model("Llama-3.1-8B"), 16, "e4m3")
+    assert formats.get("float8_e4m3fn").name == formats.get("fp8_e4m3fn").name == "fp8_e4m3"
+    assert formats.get("float8_e4m3fnuz").name == "fp8_e4m3fnuz"
+    # quant's fp8 element names are FlashAttention-3's: e4m3 is OCP E4M3FN (448)
+    assert quant.fp8_roundtrip(np.array([[1000.0]]), "e4m3", scale=1.0)[0, 0] == 448.0
+    with pytest.raises(ValueError, match="e4m3fnuz"):
+        quant.fp8_roundtrip(np.ones((1, 1)), "e4m3fnuz")
+
+
+def test_exact_is_the_one_no_storage_name() -> None:
+    x = np.linspace(-3, 3, 64).reshape(2, 32)
+    assert np.array_equal(quant.roundtrip(x, "exact"), x) and np.array_equal(quant.roundtrip(x, "none"), x)
+    assert formats.get("none").name == "exact"
+
+
+# ------------------------------------------------------------------ the spec parser
+
+@pytest.mark.parametrize("text, k, v, rot, order, skips", [
+    ("q4_0", "q4_0", "q4_0", None, None, ()),
+    ("q8_0/q4_0+hadamard@hf", "q8_0", "q4_0", "hadamard", "hf", ()),
+    ("fp8/q4_0", "fp8_e4m3", "q4_0", None, None, ()),
+    ("nvfp4;skip=sliding_window,0", "nvfp4", "nvfp4", None, None, ("sliding_window", "0")),
+    ("store:mxfp4+hadamard", "mxfp4", "mxfp4", "hadamard", None, ()),
+    ("FP8_PER_TOKEN_HEAD", "fp8_e4m3_token", "fp8_e4m3_token", None, None, ()),
+])
+def test_parse_spec(text: str, k: str, v: str, rot: str | None, order: str | None, skips: tuple) -> None:
+    s = parse_spec(text)
+    assert (s.k, s.v, s.rotation, s.k_order, s.skip_layers) == (k, v, rot, order, skips)
+    assert parse_spec(s.label) == s and parse_spec(s) is s
+
+
+def test_spec_labels_and_layers() -> None:
+    assert parse_spec("q8_0/q4_0+hadamard@hf").label == "q8_0/q4_0+hadamard@hf"
+    assert parse_spec("q8_0").kv_label == "q8_0/q8_0" and parse_spec("q8_0/q4_0").base == "q8_0/q4_0"
+    s = parse_spec("nvfp4;skip=sliding_window,3;skip_dtype=fp16")
+    assert s.label == "nvfp4;skip=sliding_window,3;skip_dtype=fp16"
+    assert s.layer_formats(3, "full") == ("fp16", "fp16") and s.layer_formats(1, "sliding") == ("fp16", "fp16")
+    assert s.layer_formats(1, "full") == ("nvfp4", "nvfp4")
+    assert parse_spec("q8_0", "q4_0").v == "q4_0"
+    assert parse_spec("store:q4_0").store and not parse_spec("store:q4_0").without_store().store
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("q9_0", "'dtype'"), ("q4_0+had", "'dtype' must be a storage spec"), ("q4_0@xx", "channel order"),
+    ("bf16@hf", "same values in either order"), ("nvfp4;skip=full", "skip list"), ("q4_0;foo=1", "unknown option"),
+    ("q4_0;skip_dtype=fp16", "without a skip list"), ("e4m3", "ambiguous"), (7, "'dtype' must be"),
+])
+def test_parse_spec_errors_name_the_parameter(bad: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_spec(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"'v_dtype'.*contradicts"):
+        parse_spec("q8_0/q4_0", "q5_0")
+
+
+def test_roundtrip_of_specs() -> None:
+    x = _x((4, 64))
+    assert np.array_equal(quant.roundtrip(x, "nvfp4+hadamard"),
+                          quant.rotated_roundtrip(x, lambda y: quant.roundtrip(y, "nvfp4")))
+    assert np.array_equal(quant.roundtrip(x, "q8_0/q4_0", role="k"), quant.ggml_roundtrip(x, "q8_0"))
+    assert np.array_equal(quant.roundtrip(x, "q8_0/q4_0"), quant.ggml_roundtrip(x, "q4_0"))
+    with pytest.raises(ValueError, match="skip"):
+        quant.roundtrip(x, "nvfp4;skip=sliding_window")
+    with pytest.raises(ValueError, match="channel order"):
+        quant.roundtrip(x, "q4_0@hf")
+    with pytest.raises(ValueError, match="'role'"):
+        quant.roundtrip(x, "q4_0", role="q")
+    k, v = quant.store_kv(x, x, "mxfp4/nvfp4")
+    assert np.array_equal(k, bf.mx_roundtrip(x, "float4_e2m1fn", 32)) and np.array_equal(v, bf.nvfp4_roundtrip(x))
+
+
+def test_sizing_skips_layers_as_vllm_does() -> None:
+    g = sizing.load_model("gemma-3-27b")
+    plain = {r["kind"]: r for r in sizing.layer_breakdown(g, 65536, "nvfp4")}
+    bf16 = {r["kind"]: r for r in sizing.layer_breakdown(g, 65536, "bf16")}
+    rows = sizing.layer_breakdown(g, 65536, "nvfp4;skip=sliding_window")
+    assert [(r["kind"], r["k_format"]) for r in rows] == [("full", "nvfp4"), ("sliding", "bf16")]
+    want = plain["full"]["k_bytes"] * 2 + bf16["sliding"]["k_bytes"] * 2
+    assert sizing.cache_bytes(g, 65536, "nvfp4;skip=sliding_window") == want
+    p = sizing.plan(g, 65536, "nvfp4;skip=sliding_window", budget_gib=10.0)
+    assert p.cache_bytes == want and p.skip_layers == ("sliding_window",) and p.dtype == "nvfp4"
+    # layer 0 alone in bf16 (an index), the rest nvfp4
+    one = sizing.layer_breakdown(g, 100, "nvfp4;skip=0")
+    assert sum(r["layers"] for r in one) == g.kv_layers and one[-1]["layers"] == 1 and one[-1]["k_format"] == "bf16"
+
+
+def test_vllm_pages_of_the_2026_formats() -> None:
+    g = sizing.load_model("Llama-3.1-8B")                       # 8 KV heads x 128
+    per = {"nvfp4": 2 * (64 + 8), "nvfp4_4over6": 2 * (64 + 8), "int8_per_token_head": 2 * (128 + 4),
+           "fp8_per_token_head": 2 * (128 + 4), "int4_per_token_head": 2 * (64 + 4), "fp8": 2 * 128, "auto": 2 * 256}
+    for dt, b in per.items():
+        assert vllm.page_bytes(g, 16, 1, dt) == 16 * 8 * b, dt
+    # vLLM's per-token-head page (kv_cache_interface.py): data plus 2 x block x heads x fp32 scales
+    assert vllm.page_bytes(g, 16, 1, "int8_per_token_head") == 2 * 16 * 8 * 128 + 2 * 16 * 8 * 4
+    with pytest.raises(ValueError, match="--kv-cache-dtype"):
+        vllm.page_bytes(g, 16, 1, "q4_0")
+
+
+# ------------------------------------------------------------------ OCP MX v1.0, by hand
+
+def test_mxfp4_hand_computed_block() -> None:
+    x = np.zeros((1, 64), dtype=np.float32)
+    # block 0: max 7 -> floor(log2 7) - 2 = 0, scale 1; E2M1 ties to even, 7 saturates to 6
+    x[0, :9] = [7.0, 5.0, 0.25, 0.26, -0.75, 3.3, 2.5, 1.25, -0.0]
+    # block 1: max 0.7 -> floor(log2 0.7) - 2 = -3, scale 1/8: 0.7 * 8 = 5.6 -> 6 -> 0.75; 0.1 * 8 = 0.8 -> 1
+    x[0, 32:34] = [0.7, 0.1]
+    q = bf.mx_quantize(x, "float4_e2m1fn", 32)
+    assert list(q.scale[0]) == [127, 124]
+    assert q.scale_e8m0.astype(np.float32)[0].tolist() == [1.0, 0.125]
+    y = bf.mx_roundtrip(x)
+    assert y[0, :9].tolist() == [6.0, 4.0, 0.0, 0.5, -1.0, 3.0, 2.0, 1.0, 0.0]
+    assert y[0, 32:34].tolist() == [0.75, 0.125]
+    assert np.array_equal(quant.roundtrip(x, "mxfp4"), y)
+
+
+def test_mx_zero_block_and_scale_range() -> None:
+    z = np.zeros((2, 32), dtype=np.float32)
+    q = bf.mx_quantize(z)
+    assert (q.scale == 0).all() and np.array_equal(bf.mx_dequantize(q), z)       # 2^-127, zeros
+    big = np.full((1, 32), 3e38, dtype=np.float32)
+    assert bf.mx_quantize(big).scale[0, 0] == 127 + 127 - 2                       # floor(log2 3e38) = 127
+    assert np.isfinite(bf.mx_roundtrip(big)).all()
+
+
+def test_mxfp8_saturates_and_rounds_to_nearest_even() -> None:
+    x = np.zeros((1, 32), dtype=np.float32)
+    x[0, :4] = [1000.0, 2.0 * 1.0625, 2.0 * 1.0625 + 1e-3, -3.0]          # scale 2^(9-8) = 2
+    y = bf.mx_roundtrip(x, "float8_e4m3fn", 32)
+    assert y[0, :4].tolist() == [896.0, 2.0, 2.25, -3.0]                  # 500 -> 448; tie 1.0625 -> 1.0
+    assert np.array_equal(quant.roundtrip(x, "mxfp8"), y)
+
+
+def test_mx_follows_the_ocp_rule_on_random_blocks() -> None:
+    """Scale = 2^(floor(log2 amax) - emax_elem), elements nearest-even saturated (checked against an
+    independent construction from the element type's value table)."""
+    x = _x((16, 128), spread=3.0)
+    for element, emax, block, table_top in (("float4_e2m1fn", 2, 32, 6.0), ("float8_e4m3fn", 8, 32, 448.0),
+                                            ("float4_e2m1fn", 2, 16, 6.0)):
+        dtype = bf.ELEMENTS[element][0]
+        codes = np.arange(256 if "float8" in element else 16, dtype=np.uint8).view(dtype).astype(np.float64)
+        grid = np.unique(codes[np.isfinite(codes)])
+        xb = x.reshape(16, -1, block).astype(np.float64)
+        e = np.floor(np.log2(np.abs(xb).max(axis=-1))) - emax
+        t = np.clip(xb / 2.0 ** e[..., None], -table_top, table_top)
+        i = np.clip(np.searchsorted(grid, t), 1, len(grid) - 1)
+        lo, hi = grid[i - 1], grid[i]
+        pick = np.where(t - lo < hi - t, lo, np.where(t - lo > hi - t, hi, 0))
+        tie = (t - lo) == (hi - t)
+        if tie.any():    # ties: the even code (its last mantissa bit 0)
+            lo_even = (np.array(lo, dtype=np.float32).astype(dtype).view(np.uint8) & 1) == 0
+            pick = np.where(tie, np.where(lo_even, lo, hi), pick)
+        pick = np.where(np.isin(t, grid), t, pick)
+        want = (pick * 2.0 ** e[..., None]).reshape(x.shape)
+        assert np.array_equal(bf.mx_roundtrip(x, element, block).astype(np.float64), want), element
+
+
+# ------------------------------------------------------------------ fp8 e4m3fnuz (MI300)
+
+def test_fnuz_grid_exhaustively() -> None:
+    vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fnuz).astype(np.float64)
+    assert np.isnan(vals[0x80]) and np.isnan(vals).sum() == 1            # one NaN, no -0
+    grid = np.unique(vals[np.isfinite(vals)])
+    assert grid.max() == 240.0 and grid[grid > 0].min() == 2.0 ** -10
+    mids = ((grid[:-1] + grid[1:]) / 2).astype(np.float32)
+    assert np.array_equal(mids.astype(np.float64), (grid[:-1] + grid[1:]) / 2)   # exact in float32
+    up = np.nextafter(mids, np.float32(np.inf))
+    got = quant.roundtrip(up, "fp8_e4m3fnuz")
+    assert np.array_equal(got, grid[1:].astype(np.float32))              # just above a midpoint: up
+    at = quant.roundtrip(mids, "fp8_e4m3fnuz").astype(np.float64)
+    lo_code = grid[:-1].astype(np.float32).astype(ml_dtypes.float8_e4m3fnuz).view(np.uint8)
+    even_lo = (lo_code & 1) == 0
+    assert np.array_equal(at, np.where(even_lo, grid[:-1], grid[1:]))     # ties to even
+    assert quant.roundtrip(np.float32([1e6, -1e6, -0.0]), "fp8_e4m3fnuz").tolist() == [240.0, -240.0, 0.0]
+    assert not np.signbit(quant.roundtrip(np.float32([-1e-9]), "fp8_e4m3fnuz")).any()  # no -0
+
+
+def test_fnuz_bytes_read_as_fn_double_the_value() -> None:
+    # vLLM PR #45720's bug: the same byte is 2x in e4m3fn (bias 7) as in e4m3fnuz (bias 8)
+    b = np.float32([1.0, 0.375, 224.0, 240.0]).astype(ml_dtypes.float8_e4m3fnuz).view(np.uint8)
+    as_fn = b.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    assert as_fn[:3].tolist() == [2.0, 0.75, 448.0] and np.isnan(as_fn[3])        # fnuz's max is fn's NaN
+
+
+def test_fnuz_scaled_variants() -> None:
+    x = _x((3, 8, 64))
+    y = quant.roundtrip(x, "fp8_e4m3fnuz_token")
+    s = np.abs(x).max(axis=-1, keepdims=True) / np.float32(240)
+    assert np.abs(y).max() <= np.abs(x).max() * (1 + 2 ** -4)
+    assert np.array_equal(y, bf.cast_element((x / s).astype(np.float32), "float8_e4m3fnuz") * s)
+
+
+# ------------------------------------------------------------------ NVFP4, by hand
+
+def test_nvfp4_hand_computed() -> None:
+    x = np.zeros((1, 32), dtype=np.float32)
+    x[0, :3] = [6.0, 3.0, 1.0]              # block max 6 with tensor amax 6 * 448: block scale 1, exact
+    x[0, 16:18] = [1.0, 0.5]                # block max 1: scale 1/6 -> e4m3 0.171875; 1/0.171875 = 5.82 -> 6
+    for recipe in bf.NVFP4_RECIPES:
+        q = bf.nvfp4_quantize(x, tensor_amax=6 * 448, recipe=recipe)
+        assert q.scale[0].tolist() == [1.0, 0.171875], recipe
+        y = bf.nvfp4_dequantize(q)
+        assert y[0, :3].tolist() == [6.0, 3.0, 1.0]
+        assert y[0, 16:18].tolist() == [6 * 0.171875, 3 * 0.171875]         # 0.5 / 0.171875 = 2.9 -> 3
+        # 4over6: max/4 = 0.25 stores this block exactly, with a smaller squared error
+        y46 = bf.nvfp4_roundtrip(x, tensor_amax=6 * 448, recipe=recipe, four_over_six=True)
+        assert y46[0, 16:18].tolist() == [1.0, 0.5] and y46[0, :3].tolist() == [6.0, 3.0, 1.0]
+
+
+def test_nvfp4_recipes_agree_to_a_rounding() -> None:
+    x = _x((8, 256), spread=2.0)
+    qa = bf.nvfp4_quantize(x, recipe="torchao")
+    qb = bf.nvfp4_quantize(x, recipe="compressed-tensors")
+    # the same block scales and codes here; the read-back multiplier is ts * s (torchao) or s / global
+    # (compressed-tensors), each rounded once in float32: the values differ by at most about one ulp
+    assert np.array_equal(qa.scale, qb.scale) and np.array_equal(qa.q, qb.q)
+    a, b = bf.nvfp4_dequantize(qa), bf.nvfp4_dequantize(qb)
+    assert np.all(np.abs(a - b) <= 2 * np.spacing(np.abs(a)))
+    assert np.array_equal(quant.roundtrip(x, "nvfp4"), a)
+    assert np.linalg.norm(quant.roundtrip(x, "nvfp4_4over6") - x) < np.linalg.norm(a - x)
+    with pytest.raises(ValueError, match="'recipe'"):
+        bf.nvfp4_roundtrip(x, recipe="modelopt")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        bf.nvfp4_roundtrip(np.ones((2, 24)))
+    with pytest.raises(ValueError, match="'tensor_amax'"):
+        bf.nvfp4_roundtrip(x, tensor_amax=0.0)
+
+
+def test_block_formats_reject_bad_rows() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quant.roundtrip(np.ones((2, 48)), "mxfp4")
+    with pytest.raises(ValueError, match="finite"):
+        quant.roundtrip(np.full((1, 32), np.inf), "mxfp8")
+    with pytest.raises(ValueError, match="'element'"):
+        bf.mx_roundtrip(np.ones((1, 32)), "float6_e2m3fn")
+    with pytest.raises(ValueError, match="'block'"):
+        bf.mx_roundtrip(np.ones((1, 32)), block=0)
+
+
+def test_formats_describe_full() -> None:
+    d = formats.describe_full("nvfp4")
+    assert d["bits_per_value"] == 4.5 and d["element"] == "float4_e2m1fn" and d["engines"]["vllm"] == "nvfp4"
+    assert d["bytes_per_value"] == str(Fraction(9, 16))
+    assert isinstance(parse_spec("nvfp4"), CacheSpec)
+
+
+# ------------------------------------------------------------------ torchao's reference, bit for bit
+
+def _tie_rows() -> np.ndarray:
+    """Blocks whose scaled values sit on E2M1 / E4M3 midpoints, saturate, or span 2^-60 .. 2^60."""
+    x = _x((24, 256), spread=4.0)
+    x[0, :8] = [5.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, -4.0]
+    x[1, :32] = np.linspace(-7.9, 7.9, 32)
+    x[2, :32] = 0.0
+    x[3] *= np.float32(2.0 ** 60)
+    x[4] *= np.float32(2.0 ** -60)
+    return x
+
+
+@pytest.mark.parametrize("element, block", [("float4_e2m1fn", 32), ("float4_e2m1fn", 16), ("float8_e4m3fn", 32)])
+def test_mx_matches_torchao_bit_for_bit(element: str, block: int) -> None:
+    torch = pytest.importorskip("torch")
+    mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    tdt = torch.float4_e2m1fn_x2 if element == "float4_e2m1fn" else torch.float8_e4m3fn
+    x = _tie_rows()
+    s, d = mx.to_mx(torch.from_numpy(x), tdt, block)          # ScaleCalculationMode.FLOOR: OCP's rule
+    ref = mx.to_dtype(d, s, tdt, block, torch.float32).numpy()
+    ours = bf.mx_quantize(x, element, block)
+    assert np.array_equal(s.view(torch.uint8).numpy(), ours.scale)
+    assert np.array_equal(ref, bf.mx_dequantize(ours))
+
+
+def test_nvfp4_matches_torchao_bit_for_bit() -> None:
+    torch = pytest.importorskip("torch")
+    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    x = _tie_rows()[:, :]
+    x[3] /= np.float32(2.0 ** 60)                # NVFP4's e4m3 block scales span 2^-9 .. 448 only
+    x[4] /= np.float32(2.0 ** -60)
+    t = torch.from_numpy(x)
+    n = nv.NVFP4Tensor.to_nvfp4(t, per_tensor_scale=nv.per_tensor_amax_to_scale(t.abs().max()))
+    ours = bf.nvfp4_quantize(x)
+    assert np.array_equal(n.scale.view(torch.float8_e4m3fn).float().numpy().reshape(ours.scale.shape), ours.scale)
+    assert np.array_equal(n.dequantize(torch.float32).numpy(), bf.nvfp4_dequantize(ours))
