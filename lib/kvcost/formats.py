@@ -235,7 +235,7 @@ def _build(name: str) -> Format:
     if m:
         kind, scale = m.group(1), m.group(2) or "tensor"
         element = _FP8_ELEMENTS[kind]
-        base = f"fp8 {element}"
+        base = f"fp8 {kind.upper()}"             # notebook 01's table prints these descriptions
         if scale == "tensor":
             return Format(name, f"{base}, one per-tensor scale (negligible, not counted)", 8, 1,
                           Fraction(1), scale="tensor", family="fp8", element=element)
