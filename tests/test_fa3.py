@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kvcost import accum, fa3, fa3kernel, tensorcore
+from kvcost.numerics import _jit, oracle
 
 
 def _case(n: int, d: int = 64, seed: int = 0, mean: float = 0.3, spread: float = 2.0):
@@ -144,7 +145,7 @@ def test_fp32_helpers_are_the_compiled_rounding():
     f32max = float(np.finfo(np.float32).max)
     x = np.concatenate([x, [0.0, np.inf, np.nan, 2.0 ** -150, 1.5 * 2.0 ** -149, f32max * (1 + 2 ** -25)]])
     for v in x:
-        assert fa3kernel._f32(v) == accum._round_nb(v, 0.0, 23, -126, f32max, math.inf) or (np.isnan(v))
+        assert fa3kernel._f32(v) == _jit.round_nb(v, 0.0, 23, -126, f32max, math.inf) or (np.isnan(v))
     with np.errstate(over="ignore"):                         # some become inf in float32: skipped below
         a = x[:5000].astype(np.float32).astype(np.float64)
         b = (x[5000:10000] * np.ldexp(1.0, rng.integers(-40, 40, 5000))).astype(np.float32).astype(np.float64)
@@ -153,7 +154,8 @@ def test_fp32_helpers_are_the_compiled_rounding():
             assert fa3kernel._f32sum(u, w) == fa3kernel._f32add(u, w)
 
 
-@pytest.mark.parametrize("opts", [{}, dict(flush_every=1), dict(frac_bits=5, splits=2), dict(frac_bits=17)])
+@pytest.mark.parametrize("opts", [{}, dict(flush_every=1), dict(frac_bits=5, splits=2), dict(frac_bits=16),
+                                  dict(qk_frac_bits=6)])
 def test_float32_lanes_give_the_float64_paths_bits(opts):
     # the same call with the float32-lane tensor core (QK and PV) switched off in the compiled kernel
     rng = np.random.default_rng(10)
@@ -162,12 +164,70 @@ def test_float32_lanes_give_the_float64_paths_bits(opts):
     v[:, 3] *= 0.0                                           # a row of P·V terms that are all zero
     out = fa3.attend(q, k, v, causal=True, **opts)
     pk, ak, lk, flush, bn, mo, sp, targs = fa3._common("e4m3", "tensorcore", opts.get("flush_every"), 96, 8,
-                                                       opts.get("splits", 1), opts.get("frac_bits", 13), "fp32",
-                                                       "toward_zero")
-    s_args = tensorcore.out_args("e8m13", 13, "toward_zero")[2:]
+                                                       opts.get("splits", 1), opts.get("frac_bits"), "fp32",
+                                                       "toward_zero", "Hopper")
+    sargs = fa3._unit_args("Hopper", opts.get("qk_frac_bits"), "toward_zero")
     kT = np.ascontiguousarray(np.swapaxes(k, 1, 2))
+    kwT, vw = fa3kernel.weights_nb(kT, -6), fa3kernel.weights_nb(v, -6)
     scale_log2 = float(np.float32(np.float32(1 / 8) * np.float32(math.log2(math.e))))
     for qk32, pv32 in ((False, False), (True, False), (False, True)):
-        ref = fa3kernel._attend_nb(q, kT, v, 3, True, scale_log2, pk, ak, lk, 0, flush, bn, mo, sp, *targs, *s_args,
-                             qk32, pv32, 2)
+        ref = fa3kernel.attend_nb(q, kT, kwT, v, vw, 3, True, scale_log2, pk, ak, lk, 0, flush, bn, mo, sp, *targs, -6,
+                                  -6, sargs[2], sargs[5], sargs[6], sargs[7], sargs[8], qk32, pv32, 2)
         np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("arch", fa3.UNIT_ARCHS)
+def test_pv_runs_on_the_gpus_unit_bit_for_bit(arch):
+    """With equal scores, P = 2^max_offset on every key (the GPU's e4m3 of it: 240 in e4m3fnuz), so acc_o
+    is the chain of that GPU's instruction (tensorcore.matmul, itself MMA-Sim) over 32-key groups, blocks
+    last to first, and the output acc_o / l."""
+    unit = fa3.unit_for(arch)
+    rng = np.random.default_rng(3)
+    vals = oracle.type_values(unit.b_type)
+    n, d, bn = 3 * 96, 16, 96
+    v = rng.choice(vals, (n, d))
+    v[:, 0] = rng.choice(vals[np.abs(vals) < 2.0 ** -5], n)         # subnormal-range values
+    out = fa3.attend_row(np.zeros(n), v, arch=arch, block_n=bn)
+    p = 240.0 if unit.a_type == "fp8" else 256.0
+    acc = np.zeros((1, d), np.float32)
+    for b in range(n // bn - 1, -1, -1):
+        for g0 in range(b * bn, (b + 1) * bn, unit.k):
+            acc = tensorcore.matmul(np.full((1, unit.k), p), v[g0:g0 + unit.k], acc, arch=arch, instr=unit.instr)
+    inv = np.float32(1.0 / np.float32(n * 256.0))
+    np.testing.assert_array_equal(out, (acc[0] * inv).astype(np.float64))
+
+
+def test_frac_bits_narrows_pv_alone_and_qk_frac_bits_qk_alone():
+    rng = np.random.default_rng(4)
+    q, k, v = (fa3.store(rng.standard_normal(s) * sc, "e4m3") for s, sc in
+               (((2, 3, 64), 3.0), ((1, 300, 64), 2.0), ((1, 300, 64), 1.0)))
+    base = fa3.attend(q, k, v)
+    s_only = fa3.attend(q, k, v, qk_frac_bits=4)
+    pv_only = fa3.attend(q, k, v, frac_bits=4)
+    assert not np.array_equal(base, s_only) and not np.array_equal(base, pv_only)
+    # with exact QKᵀ the scores no longer depend on qk_frac_bits
+    np.testing.assert_array_equal(fa3.attend(q, k, v, qk="exact", qk_frac_bits=4), fa3.attend(q, k, v, qk="exact"))
+    with pytest.raises(ValueError, match="parameter 'arch'"):
+        fa3.attend_row(np.zeros(4), np.zeros((4, 2)), arch="Volta")
+
+
+@pytest.mark.parametrize("arch", ["Hopper", "Blackwell", "Ada Lovelace"])
+def test_one_block_with_varied_p_is_the_units_chain(arch):
+    """One block (no rescale): P_i = e4m3(fp32(exp2(fp32(s_i·log2e − (m·log2e − 8))))) as the kernel forms it,
+    then acc_o is the unit's chain over the block's 32-key groups: products with significands >= 2 included."""
+    unit = fa3.unit_for(arch)
+    rng = np.random.default_rng(5)
+    n, d = 96, 8
+    s = (rng.standard_normal(n) * 2).astype(np.float32).astype(np.float64)
+    v = rng.choice(oracle.type_values("e4m3"), (n, d))
+    out = fa3.attend_row(s, v, arch=arch)
+    ms = float(np.float32(s.max() * fa3.LOG2E - 8))
+    praw = np.array([np.float32(math.exp2(float(np.float32(x * fa3.LOG2E - ms)))) for x in s], np.float64)
+    p = praw.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    lsum = np.float32(0)
+    for x in praw:
+        lsum = np.float32(lsum + np.float32(x))
+    acc = np.zeros((1, d), np.float32)
+    for g0 in range(0, n, unit.k):
+        acc = tensorcore.matmul(p[None, g0:g0 + unit.k], v[g0:g0 + unit.k], acc, arch=arch, instr=unit.instr)
+    np.testing.assert_array_equal(out, (acc[0] * np.float32(1.0 / lsum)).astype(np.float64))

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcost import floats, tensorcore
+from kvcost.numerics import _jit
 
 SET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -181,17 +182,21 @@ def test_dot_columns_equal_reference_and_are_independent():
 
 # ------------------------------------------------------------ the float32-lane kernel fa3 uses
 @numba.njit
-def _instr64(tc, prod, fb, om, oemin, ofmax):
+def _instr64(tc, prod, wts, fb, om, oemin, ofmax):
     t = tc.astype(np.float64)
-    tensorcore._mma_rows(t, prod.astype(np.float64), prod.shape[0], t.size, np.empty((3, t.size)), fb, False,
-                         1, om, oemin, ofmax)
+    _jit.fused_rows(t, prod.astype(np.float64), wts.astype(np.float64), prod.shape[0], t.size, np.empty((3, t.size)),
+                    fb, False, 1, om, oemin, ofmax, 2.0 ** -126, 0.0, 2, False)
     return t
 
 
 @numba.njit
-def _instr32(tc, prod, fb, om, ofmax):
+def _instr32(tc, prod, wts, fb, om, ofmax):
     t = tc.copy()
-    tensorcore._mma_rows32(t, prod, prod.shape[0], t.size, np.empty((2, t.size), np.float32), fb, om, ofmax)
+    mx = np.zeros(t.size, np.float32)
+    for i in range(wts.shape[0]):
+        for j in range(t.size):
+            mx[j] = max(mx[j], wts[i, j])
+    _jit.fused_rows32(t, prod, mx, prod.shape[0], t.size, np.empty((2, t.size), np.float32), fb, om, ofmax)
     return t
 
 
@@ -201,20 +206,26 @@ def test_float32_lane_instruction_equals_the_float64_one_bit_for_bit():
     def e4(x):
         return np.clip(x, -448, 448).astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
 
+    def w(x):       # operand alignment weights: 2^max(floor(log2 |x|), -6), 0 for 0
+        return np.where(x == 0, 0, np.exp2(np.maximum(np.floor(np.log2(np.where(x == 0, 1, np.abs(x)))), -6)))
+
     took_float64 = 0
     for trial in range(400):
-        fb = int(rng.choice([2, 5, 8, 13, 17]))
+        fb = int(rng.choice([2, 5, 8, 13, 16]))
         _, _, _, om, oemin, ofmax = tensorcore.out_args(f"e8m{fb}", fb)
         kk, ncol = int(rng.integers(1, 33)), int(rng.integers(1, 70))
         a = e4(rng.standard_normal((kk, ncol)) * np.exp(rng.standard_normal((kk, ncol)) * 3))
         a[:, rng.random(ncol) < 0.2] = 0                    # columns with no products: tc alone
-        prod = a * e4(rng.standard_normal((kk, ncol)) * 4)
+        b = e4(rng.standard_normal((kk, ncol)) * 4)
+        prod = a * b
+        wts = (w(a) * w(b)).astype(np.float32)
         tc = (rng.standard_normal(ncol) * np.exp(rng.standard_normal(ncol) * 6)).astype(np.float32)
         if trial % 4 == 1:
             tc *= np.float32(2.0 ** -120)                   # a rescaled accumulator below the float32 grid
-        tc = _instr64(tc, np.zeros((1, ncol), np.float32), 23, om, oemin, ofmax).astype(np.float32)  # an e8mN value
+        z = np.zeros((1, ncol), np.float32)
+        tc = _instr64(tc, z, z, 23, om, oemin, ofmax).astype(np.float32)  # an e8mN value
         small = np.any((np.abs(tc) < 2.0 ** (fb - 126)) & (tc != 0) & np.all(prod == 0, axis=0))
         took_float64 += bool(small)
-        np.testing.assert_array_equal(_instr32(tc, prod, fb, om, ofmax).astype(np.float64),
-                                      _instr64(tc, prod, fb, om, oemin, ofmax))
+        np.testing.assert_array_equal(_instr32(tc, prod, wts, fb, om, ofmax).astype(np.float64),
+                                      _instr64(tc, prod, wts, fb, om, oemin, ofmax))
     assert took_float64 > 10                                # the fallback columns were exercised

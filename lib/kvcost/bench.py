@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import accum, attention, fa3, floats, realmodel, synthetic, tensorcore
+from . import attention, floats, realmodel, synthetic
 from .experiments import flat_sum, needle, realmodel_passkey
+from .numerics import accum, fa3, tensorcore
 from .output import repo_root
 
 __all__ = ["BENCHMARKS", "BenchResult", "main", "run"]

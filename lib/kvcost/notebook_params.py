@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import accum, floats, formats, models, realmodel
+from . import floats, formats, models, realmodel
 from .experiments import longrange as long_range
 from .experiments import needle
 from .experiments import realmodel as real_decoder
+from .numerics import accum
 from .params import Bool, Custom, Float, FloatList, Int, IntList, Pairs, Params, PathStr, Schema, Str, StrList
 
 __all__ = ["SCHEMAS", "get", "validate", "stems"]

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 
 from .. import post
-from ..accum import equal_terms_sum, flat_sum_limit, hopper_sum, running_sum
 from ..experiments.flat_sum import FLAT_SUM_COLUMNS, POST_ULP_MANTISSA, post_flat_sum
 from ..floats import parse_format
+from ..numerics.accum import equal_terms_sum, flat_sum_limit, hopper_sum, running_sum
 from .report import Check, compare_table, printed_check
 
 __all__ = ["errata_checks", "errata_table", "post_n_tokens", "reproduction_checks"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .. import tensorcore
-from ..accum import PROFILES, accumulate, error_bound, exact_sum, hopper_sum, weight_profile
 from ..floats import round_to
+from ..numerics import tensorcore
+from ..numerics.accum import PROFILES, accumulate, error_bound, exact_sum, hopper_sum, weight_profile
 from ..params import check_int
 
 __all__ = ["DEEPSEEK_INPUTS", "deepseek_check", "error_sweep", "flush_sweep", "profile_matrix"]

@@ -1,14 +1,11 @@
 """Notebook 04's tables: the post's Block 3 emulated operation for operation, and every accumulator beside it."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
-from numba import njit
 
-from ..accum import _add_nb, _round_nb, equal_terms_sum, flat_sum_limit, hopper_sum, running_sum
 from ..floats import parse_format
+from ..numerics.accum import equal_terms_sum, flat_sum_limit, hopper_sum, post_block3_loop, running_sum
 from ..params import check_int
 
 __all__ = [
@@ -28,30 +25,6 @@ FLAT_SUM_COLUMNS = ["n", "fp32_flat", "fp16_flat", "bf16_flat", "bf16_two_level"
 POST_ULP_MANTISSA = {"fp32": 23, "fp16": 10, "bf16": 8}   # the exponents the post's code prints
 
 
-@njit(cache=True)
-def _post_loop_nb(n, kind):   # pragma: no cover - compiled
-    """The post's Block 3 loop, operation for operation (see post_flat_sum)."""
-    term = 1.0 / n
-    t32 = np.float32(term)
-    if kind == 0 or kind == 3:           # fp32 flat, or the "two-level" column
-        acc = np.float32(0.0)
-        for _ in range(n):
-            acc = np.float32(acc + t32)
-        return float(acc)
-    if kind == 1:                        # bf16: float32 add, then RNE to bf16
-        acc = np.float32(0.0)
-        for _ in range(n):
-            s = np.float32(acc + t32)
-            acc = np.float32(_round_nb(float(s), 0.0, 7, -126, 3.3895313892515355e38, math.inf))
-        return float(acc)
-    # fp16: first step float16(float32(term)); then float16 acc + float16(term), one rounding
-    t16 = _round_nb(term, 0.0, 10, -14, 65504.0, math.inf)
-    acc = _round_nb(float(t32), 0.0, 10, -14, 65504.0, math.inf)
-    for _ in range(n - 1):
-        acc = _add_nb(acc, t16, 10, -14, 65504.0, math.inf)
-    return acc
-
-
 _POST_KINDS = {"fp32": 0, "bf16": 1, "fp16": 2}
 
 
@@ -69,7 +42,7 @@ def post_flat_sum(n: int, kind: str, two_level: bool = False) -> float:
     n = check_int("n", n, lo=1)
     if kind not in _POST_KINDS:
         raise ValueError(f"parameter 'kind' must be one of {list(_POST_KINDS)}, got {kind!r}")
-    return float(_post_loop_nb(n, 3 if two_level else _POST_KINDS[kind]))
+    return float(post_block3_loop(n, 3 if two_level else _POST_KINDS[kind]))
 
 
 def post_flat_sum_literal(n: int, kind: str, two_level: bool = False) -> float:

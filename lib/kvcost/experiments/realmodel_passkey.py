@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import fa3, realmodel
+from .. import realmodel
+from ..numerics import fa3
 from .realmodel import STORE_PREFIX
 
 __all__ = ["HAYSTACK", "KEYS", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention", "run_trial"]

@@ -21,7 +21,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .floats import FloatFormat, parse_format
+from ..floats import FloatFormat, parse_format
+from ._jit import FP32_EMIN, FP32_MAN, FP32_MAX, add_nb, round_nb
 
 __all__ = [
     "PROFILES",
@@ -32,82 +33,39 @@ __all__ = [
     "exact_sum",
     "flat_sum_limit",
     "hopper_sum",
+    "post_block3_loop",
     "running_sum",
     "weight_profile",
 ]
 
 STRATEGIES = ("flat", "two_level", "pairwise", "kahan", "hopper")
-# The float32 register that two-level and promoted sums flush into (numba freezes these globals).
-_FP32_MAN, _FP32_EMIN, _FP32_MAX = 23, -126, float(np.finfo(np.float32).max)
 _CHUNK = 1 << 16          # rows per np.add.accumulate call (bounds the temporary)
 
 
 # ------------------------------------------------------------------ compiled kernels
-@njit(inline="always")
-def _round_nb(hi: float, lo: float, m: int, emin: int, fmax: float, ovf: float) -> float:
-    """Round the exact value hi + lo to nearest-even in a format (m fraction bits, emin,
-    largest finite fmax, overflow value ovf = inf or NaN). Same rule as floats.round_pair
-    for mode 'nearest', on the float64 bits: drop the low `shift` significand bits, rounding
-    up past half, and at exactly half by the sign of lo (then by parity)."""
-    if hi != hi:
-        return hi
-    a = abs(hi)
-    if a == math.inf:
-        r = ovf
-    elif a == 0.0:
-        return hi
-    else:
-        b = np.float64(a).view(np.int64)
-        e = (b >> 52) - 1023
-        if e < -1022:                       # float64 subnormal input: exponent via frexp
-            _, e2 = math.frexp(a)
-            qexp = max(e2 - 1, emin) - m
-            y = math.ldexp(a, -qexp)
-            r = (y + 4503599627370496.0) - 4503599627370496.0
-            d = y - r
-            if (d == 0.5 or d == -0.5) and lo != 0.0:
-                r = math.floor(y) + 1.0 if (lo > 0.0) == (hi > 0.0) else math.floor(y)
-            r = math.ldexp(r, qexp)
-        else:
-            shift = 52 - m + max(emin - e, 0)
-            if shift > 53:                  # below half the smallest subnormal
-                r = 0.0
-            elif shift == 53:               # between half and one smallest subnormal
-                q = math.ldexp(1.0, emin - m)
-                if a > 0.5 * q or (a == 0.5 * q and lo != 0.0 and (lo > 0.0) == (hi > 0.0)):
-                    r = q
-                else:
-                    r = 0.0
-            else:
-                one = np.int64(1)
-                mask = (one << shift) - one
-                rem = b & mask
-                half = one << (shift - 1)
-                base = b - rem
-                up = rem > half
-                if rem == half:
-                    if lo != 0.0:
-                        up = (lo > 0.0) == (hi > 0.0)
-                    else:                   # parity of the kept significand (implicit bit included:
-                        up = (((b | (one << 52)) >> shift) & one) == one   # at shift 52 it is all that is kept)
-                if up:
-                    base += one << shift
-                r = np.int64(base).view(np.float64)
-        if r > fmax:
-            r = ovf
-    return r if hi > 0.0 else -r
-
-
-@njit(inline="always")
-def _add_nb(a: float, b: float, m: int, emin: int, fmax: float, ovf: float) -> float:
-    """RN_fmt(a + b) for float64 a, b, rounded once (TwoSum, then one rounding)."""
-    s = a + b
-    bb = s - a
-    lo = (a - (s - bb)) + (b - bb)
-    if s == 0.0:
-        return s
-    return _round_nb(s, lo, m, emin, fmax, ovf)
-
+@njit(cache=True)
+def post_block3_loop(n, kind):   # pragma: no cover - compiled
+    """The post's Block 3 loop, operation for operation (``kind`` 0 fp32, 1 bf16, 2 fp16, 3 its "two-level"
+    column): what ``kvcost.experiments.flat_sum.post_flat_sum`` returns, compiled."""
+    term = 1.0 / n
+    t32 = np.float32(term)
+    if kind == 0 or kind == 3:           # fp32 flat, or the "two-level" column
+        acc = np.float32(0.0)
+        for _ in range(n):
+            acc = np.float32(acc + t32)
+        return float(acc)
+    if kind == 1:                        # bf16: float32 add, then RNE to bf16
+        acc = np.float32(0.0)
+        for _ in range(n):
+            s = np.float32(acc + t32)
+            acc = np.float32(round_nb(float(s), 0.0, 7, -126, 3.3895313892515355e38, math.inf))
+        return float(acc)
+    # fp16: first step float16(float32(term)); then float16 acc + float16(term), one rounding
+    t16 = round_nb(term, 0.0, 10, -14, 65504.0, math.inf)
+    acc = round_nb(float(t32), 0.0, 10, -14, 65504.0, math.inf)
+    for _ in range(n - 1):
+        acc = add_nb(acc, t16, 10, -14, 65504.0, math.inf)
+    return acc
 
 
 
@@ -120,7 +78,7 @@ def _flat_nb(x, acc, m, emin, fmax, ovf, nth):   # pragma: no cover - compiled
         j1 = (c + 1) * k // nchunk
         for i in range(n):
             for j in range(j0, j1):
-                acc[j] = _add_nb(acc[j], x[i, j], m, emin, fmax, ovf)
+                acc[j] = add_nb(acc[j], x[i, j], m, emin, fmax, ovf)
     return acc
 
 
@@ -135,10 +93,10 @@ def _two_level_nb(x, block, m, emin, fmax, ovf, nth):   # pragma: no cover - com
         j1 = (c + 1) * k // nchunk
         for i in range(n):
             for j in range(j0, j1):
-                part[j] = _add_nb(part[j], x[i, j], m, emin, fmax, ovf)
+                part[j] = add_nb(part[j], x[i, j], m, emin, fmax, ovf)
             if (i + 1) % block == 0 or i == n - 1:
                 for j in range(j0, j1):
-                    out[j] = _add_nb(out[j], part[j], _FP32_MAN, _FP32_EMIN, _FP32_MAX, math.inf)
+                    out[j] = add_nb(out[j], part[j], FP32_MAN, FP32_EMIN, FP32_MAX, math.inf)
                     part[j] = 0.0
     return out
 
@@ -155,9 +113,9 @@ def _kahan_nb(x, m, emin, fmax, ovf, nth):   # pragma: no cover - compiled
         for i in range(n):
             for j in range(j0, j1):
                 s = out[j]
-                y = _add_nb(x[i, j], -comp[j], m, emin, fmax, ovf)
-                t = _add_nb(s, y, m, emin, fmax, ovf)
-                comp[j] = _add_nb(_add_nb(t, -s, m, emin, fmax, ovf), -y, m, emin, fmax, ovf)
+                y = add_nb(x[i, j], -comp[j], m, emin, fmax, ovf)
+                t = add_nb(s, y, m, emin, fmax, ovf)
+                comp[j] = add_nb(add_nb(t, -s, m, emin, fmax, ovf), -y, m, emin, fmax, ovf)
                 out[j] = t
     return out
 
@@ -194,10 +152,10 @@ def _hopper_nb(x, group, keep_bits, promote, m, emin, fmax, ovf, nth):   # pragm
                     s = math.trunc(tc / q) * q
                     for i in range(g0, g1):
                         s += math.trunc(x[i, j] / q) * q  # exact: integers times q
-                    tc = _round_nb(s, 0.0, m, emin, fmax, ovf)
+                    tc = round_nb(s, 0.0, m, emin, fmax, ovf)
                 since += g1 - g0
                 if promote > 0 and (since >= promote or g1 == n):
-                    fp = _add_nb(fp, tc, _FP32_MAN, _FP32_EMIN, _FP32_MAX, math.inf)
+                    fp = add_nb(fp, tc, FP32_MAN, FP32_EMIN, FP32_MAX, math.inf)
                     tc = 0.0
                     since = 0
             if promote > 0:
@@ -220,13 +178,13 @@ def _pairwise_nb(x, m, emin, fmax, ovf, nth):   # pragma: no cover - compiled
             for i in range(n):
                 buf[i] = x[i, j]
             if n == 1:
-                out[j] = _round_nb(buf[0], 0.0, m, emin, fmax, ovf)
+                out[j] = round_nb(buf[0], 0.0, m, emin, fmax, ovf)
                 continue
             cnt = n
             while cnt > 1:
                 half = cnt // 2
                 for i in range(half):
-                    buf[i] = _add_nb(buf[2 * i], buf[2 * i + 1], m, emin, fmax, ovf)
+                    buf[i] = add_nb(buf[2 * i], buf[2 * i + 1], m, emin, fmax, ovf)
                 if cnt % 2:
                     buf[half] = buf[cnt - 1]
                     cnt = half + 1

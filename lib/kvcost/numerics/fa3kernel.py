@@ -15,14 +15,13 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .accum import _add_nb, _round_nb
-from .floats import round_to
-from .tensorcore import _OUT_TRUNC, _mma_rows, _mma_rows32
+from ..floats import round_to
+from ._jit import OUT_TRUNC, OUT_TRUNC_INF, add_nb, fused_rows, fused_rows32, gtr_rows, lead2, round_nb
 
 _F32MAX = float(np.finfo(np.float32).max)
 _BF16MAX = float(round_to(3.3895313892515355e38, "bf16"))
 _KCHUNK = 512        # keys per chunk of the compiled QKᵀ
-FB32 = 17            # the float32-lane tensor core is exact up to this many fraction bits
+FB32 = 16            # the float32-lane tensor core is exact up to this many fraction bits
 
 
 @njit(inline="always")
@@ -35,7 +34,7 @@ def _f32(x: float) -> float:
 @njit(inline="always")
 def _f32add(a: float, b: float) -> float:
     """RN_fp32(a + b) for any float64 a, b (TwoSum, then one rounding)."""
-    return _add_nb(a, b, 23, -126, _F32MAX, math.inf)
+    return add_nb(a, b, 23, -126, _F32MAX, math.inf)
 
 
 @njit(inline="always")
@@ -48,7 +47,7 @@ def _f32sum(a: float, b: float) -> float:
 @njit(inline="always")
 def _e4m3_nonneg(x: float) -> float:
     """x >= 0 (or NaN) rounded to nearest-even e4m3, saturating at 448: bit for bit
-    min(_round_nb(x, 0, 3, -6, 448, 448), 448), branch-free so the loop over a block vectorizes."""
+    min(round_nb(x, 0, 3, -6, 448, 448), 448), branch-free so the loop over a block vectorizes."""
     one = np.int64(1)
     b = np.float64(x).view(np.int64)
     normal = np.int64((b + (one << 48) - one + ((b >> 49) & one)) & ~((one << 49) - one)).view(np.float64)
@@ -63,7 +62,9 @@ def _cast_p(x: float, pk: int) -> float:
     if pk == 0:
         return _e4m3_nonneg(x)
     if pk == 1:
-        return _round_nb(x, 0.0, 7, -126, _BF16MAX, math.inf)
+        return round_nb(x, 0.0, 7, -126, _BF16MAX, math.inf)
+    if pk == 4:                       # e4m3fnuz (CDNA3): nearest-even, saturating at 240
+        return min(round_nb(x, 0.0, 3, -7, 240.0, 240.0), 240.0)
     return x
 
 
@@ -73,13 +74,16 @@ def _exp2_f32(x: float) -> float:
 
 
 @njit(cache=True)
-def _row(s, v, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
-         fb, nearest, okind, om, oemin, ofmax, out, scr, prod, acc, reg, pbuf, praw,
-         pv32, prod32, acc32, scr32):   # pragma: no cover - compiled
+def row(s, v, vw, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
+         scheme, grp, fb, fb2, nearest, okind, om, oemin, ofmax, cmin, zw, pemin, out, scr, prod, wts, acc, reg,
+         pbuf, praw, pv32, prod32, mx32, acc32, scr32):   # pragma: no cover - compiled
     """One query row: scores s[:n] (raw; times scale_log2 in the exponent), values
-    v[vrow0 + i, :]. Writes the output into out[:]; scr/prod/acc/reg/pbuf/praw are scratch.
-    ``pv32``: P·V in float32 lanes (``_mma_rows32``, same bits; e4m3 P and V, truncating register),
-    with the float32 scratch prod32 (32, >= d), acc32 (>= d), scr32 (2, >= d)."""
+    v[vrow0 + i, :] with their alignment weights vw (2^max(floor(log2 |v|), emin), 0 for 0). P·V runs
+    on the unit (``scheme`` 0: a fused truncated sum of ``grp`` terms at ``fb`` bits, register written
+    by ``okind``; 3: CDNA3's even/odd MFMA at fb / fb2), P's weight clamped at 2^pemin. Writes the
+    output into out[:]; scr/prod/wts/acc/reg/pbuf/praw are scratch. ``pv32``: P·V in float32 lanes
+    (``fused_rows32``, same bits; FP8 P and V, truncating register), with the float32 scratch
+    prod32 (grp, >= d), mx32 and acc32 (>= d), scr32 (2, >= d)."""
     d = v.shape[1]
     nblk = (n + bn - 1) // bn
     per = (nblk + splits - 1) // splits
@@ -131,27 +135,41 @@ def _row(s, v, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
             if ak == 0 and pv32:
                 for j in range(d):
                     acc32[j] = acc[j]
-                for g0 in range(i0, i1, 32):
-                    g1 = min(g0 + 32, i1)
+                for g0 in range(i0, i1, grp):
+                    g1 = min(g0 + grp, i1)
+                    for j in range(d):
+                        mx32[j] = 0.0
                     for i in range(g0, g1):
                         pi = np.float32(pbuf[i - i0])
+                        pw = np.float32(lead2(pbuf[i - i0], pemin))
                         prow = prod32[i - g0]     # row views: 2-D indexing defeats the vectorizer
                         vrow = v[vrow0 + i]
+                        wrow = vw[vrow0 + i]
                         for j in range(d):
                             prow[j] = pi * np.float32(vrow[j])
-                    _mma_rows32(acc32, prod32, g1 - g0, d, scr32, fb, om, ofmax)
+                            mx32[j] = max(mx32[j], pw * np.float32(wrow[j]))
+                    fused_rows32(acc32, prod32, mx32, g1 - g0, d, scr32, fb, om, ofmax)
                 for j in range(d):
                     acc[j] = acc32[j]
             elif ak == 0:
-                for g0 in range(i0, i1, 32):
-                    g1 = min(g0 + 32, i1)
+                for g0 in range(i0, i1, grp):
+                    g1 = min(g0 + grp, i1)
                     for i in range(g0, g1):
                         pi = pbuf[i - i0]
+                        pw = lead2(pi, pemin)
                         prow = prod[i - g0]
+                        wrow = wts[i - g0]
                         vrow = v[vrow0 + i]
+                        vwrow = vw[vrow0 + i]
                         for j in range(d):
                             prow[j] = pi * vrow[j]
-                    _mma_rows(acc, prod, g1 - g0, d, scr, fb, nearest, okind, om, oemin, ofmax)
+                            ww = pw * vwrow[j]
+                            wrow[j] = ww if ww != 0.0 or scheme == 3 else zw
+                    if scheme == 3:
+                        gtr_rows(acc, prod, wts, g1 - g0, d, fb, fb2)
+                    else:
+                        fused_rows(acc, prod, wts, g1 - g0, d, scr, fb, nearest, okind, om, oemin, ofmax, cmin, zw, 2,
+                                   False)
             elif ak == 1:
                 for i in range(i0, i1):
                     pi = pbuf[i - i0]
@@ -196,9 +214,11 @@ def _row(s, v, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
 
 
 @njit(inline="always")
-def _scores(qrow, kT, n, qk, fb, nearest, sok, som, soemin, sofmax, srow, prod, scr, qk32, srow32, prod32, scr32):
-    """S[:n] = q · K[:n]ᵀ: kT is (d, n_keys); on the tensor core, in fp32, or exactly. ``qk32``: the
-    tensor core in float32 lanes (``_mma_rows32``, same bits; e4m3 Q and K, truncating cut)."""
+def _scores(qrow, kT, kwT, n, qk, qemin, grp, sfb, sok, som, soemin, sofmax, zw, srow, prod, wts, scr, qk32, srow32,
+            prod32, mx32, scr32):
+    """S[:n] = q · K[:n]ᵀ: kT is (d, n_keys), kwT its alignment weights; on the tensor core (``sfb``
+    fraction bits, groups of ``grp``, register ``sok``), in fp32, or exactly. ``qk32``: the tensor core
+    in float32 lanes (``fused_rows32``, same bits; FP8 Q and K, truncating cut)."""
     d = kT.shape[0]
     for j in range(n):
         srow[j] = 0.0
@@ -208,15 +228,20 @@ def _scores(qrow, kT, n, qk, fb, nearest, sok, som, soemin, sofmax, srow, prod, 
             w = j1 - j0
             for j in range(w):
                 srow32[j] = 0.0
-            for g0 in range(0, d, 32):
-                g1 = min(g0 + 32, d)
+            for g0 in range(0, d, grp):
+                g1 = min(g0 + grp, d)
+                for j in range(w):
+                    mx32[j] = 0.0
                 for i in range(g0, g1):
                     qi = np.float32(qrow[i])
+                    qw = np.float32(lead2(qrow[i], qemin))
                     prow = prod32[i - g0]         # row views: 2-D indexing defeats the vectorizer
                     krow = kT[i, j0:j1]
+                    kwrow = kwT[i, j0:j1]
                     for j in range(w):
                         prow[j] = qi * np.float32(krow[j])
-                _mma_rows32(srow32, prod32, g1 - g0, w, scr32, fb, som, sofmax)
+                        mx32[j] = max(mx32[j], qw * np.float32(kwrow[j]))
+                fused_rows32(srow32, prod32, mx32, g1 - g0, w, scr32, sfb, som, sofmax)
             for j in range(w):
                 srow[j0 + j] = srow32[j]
     elif qk == 0:
@@ -224,15 +249,21 @@ def _scores(qrow, kT, n, qk, fb, nearest, sok, som, soemin, sofmax, srow, prod, 
             j1 = min(j0 + _KCHUNK, n)
             w = j1 - j0
             sub = srow[j0:j1]
-            for g0 in range(0, d, 32):
-                g1 = min(g0 + 32, d)
+            for g0 in range(0, d, grp):
+                g1 = min(g0 + grp, d)
                 for i in range(g0, g1):
                     qi = qrow[i]
+                    qw = lead2(qi, qemin)
                     prow = prod[i - g0]
+                    wrow = wts[i - g0]
                     krow = kT[i, j0:j1]
+                    kwrow = kwT[i, j0:j1]
                     for j in range(w):
                         prow[j] = qi * krow[j]
-                _mma_rows(sub, prod, g1 - g0, w, scr, fb, nearest, sok, som, soemin, sofmax)
+                        ww = qw * kwrow[j]
+                        wrow[j] = ww if ww != 0.0 else zw
+                fused_rows(sub, prod, wts, g1 - g0, w, scr, sfb, False, sok, som, soemin, sofmax, 2.0 ** -126, zw,
+                           2, False)
     elif qk == 1:
         for i in range(d):
             qi = qrow[i]
@@ -248,8 +279,9 @@ def _scores(qrow, kT, n, qk, fb, nearest, sok, som, soemin, sofmax, srow, prod, 
 
 
 @njit(parallel=True, cache=True)
-def _attend_nb(q, kT, v, group, causal, scale_log2, pk, ak, lk, qk, flush, bn, max_off, splits,
-               fb, nearest, okind, om, oemin, ofmax, sok, som, soemin, sofmax, qk32, pv32, nth):   # pragma: no cover
+def attend_nb(q, kT, kwT, v, vw, group, causal, scale_log2, pk, ak, lk, qk, flush, bn, max_off, splits,
+               scheme, grp, fb, fb2, nearest, okind, om, oemin, ofmax, cmin, zw, pemin,
+               qemin, sfb, sok, som, soemin, sofmax, qk32, pv32, nth):   # pragma: no cover
     hq, nq, _ = q.shape
     nk = kT.shape[2]
     dv = v.shape[2]
@@ -262,6 +294,7 @@ def _attend_nb(q, kT, v, group, causal, scale_log2, pk, ak, lk, qk, flush, bn, m
         srow = np.empty(nk)
         width = max(min(nk, _KCHUNK), dv)
         prod = np.empty((32, width))
+        wts = np.empty((32, width))
         scr = np.empty((3, width))
         acc = np.empty(dv)
         reg = np.empty(dv)
@@ -270,6 +303,7 @@ def _attend_nb(q, kT, v, group, causal, scale_log2, pk, ak, lk, qk, flush, bn, m
         orow = np.empty(dv)
         srow32 = np.empty(width, np.float32)
         prod32 = np.empty((32, width), np.float32)
+        mx32 = np.empty(width, np.float32)
         scr32 = np.empty((2, width), np.float32)
         acc32 = np.empty(dv, np.float32)
         for t in range(t0, t1):
@@ -277,13 +311,24 @@ def _attend_nb(q, kT, v, group, causal, scale_log2, pk, ak, lk, qk, flush, bn, m
             r = t % nq
             hk = h // group
             n = nk - nq + r + 1 if causal else nk
-            _scores(q[h, r], kT[hk], n, qk, fb, nearest, sok, som, soemin, sofmax, srow, prod, scr,
-                    qk32, srow32, prod32, scr32)
-            _row(srow, v[hk], 0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
-                 fb, nearest, okind, om, oemin, ofmax, orow, scr, prod, acc, reg, pbuf, praw,
-                 pv32, prod32, acc32, scr32)
+            _scores(q[h, r], kT[hk], kwT[hk], n, qk, qemin, grp, sfb, sok, som, soemin, sofmax, zw, srow, prod,
+                    wts, scr, qk32, srow32, prod32, mx32, scr32)
+            row(srow, v[hk], vw[hk], 0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
+                 scheme, grp, fb, fb2, nearest, okind, om, oemin, ofmax, cmin, zw, pemin, orow, scr, prod, wts, acc,
+                 reg, pbuf, praw, pv32, prod32, mx32, acc32, scr32)
             for j in range(dv):
                 out[h, r, j] = orow[j]
+    return out
+
+
+@njit(cache=True)
+def weights_nb(a, emin):   # pragma: no cover - compiled
+    """lead2 of every value of ``a`` (any shape), in a's dtype: the operands' alignment weights."""
+    out = np.empty_like(a)
+    fo = out.reshape(-1)
+    fa = a.reshape(-1)
+    for i in range(fa.size):
+        fo[i] = lead2(np.float64(fa[i]), emin)
     return out
 
 
@@ -297,7 +342,7 @@ def _all_e4m3_nb(a):   # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _store_e4m3_nb(a):   # pragma: no cover - compiled
+def store_e4m3_nb(a):   # pragma: no cover - compiled
     out = np.empty(a.size, np.float32)
     for i in range(a.size):
         x = np.float64(a[i])
@@ -305,13 +350,12 @@ def _store_e4m3_nb(a):   # pragma: no cover - compiled
     return out
 
 
-def _all_e4m3(a: np.ndarray) -> bool:
+def all_e4m3(a: np.ndarray) -> bool:
     """Every value of ``a`` is an e4m3 value (finite, at most ±448)."""
     return bool(_all_e4m3_nb(np.ascontiguousarray(a).reshape(-1)))
 
 
-def _pv32(pk: int, ak: int, targs: tuple) -> bool:
-    """P·V may run in float32 lanes: e4m3 P on the tensor core, a truncating cut of at most FB32 bits
+def lanes32(pk: int, ak: int, scheme: int, fb: int, nearest: bool, okind: int) -> bool:
+    """P·V may run in float32 lanes: e4m3 P on a fused (T) unit, a truncating cut of at most FB32 bits
     into a truncating e8mN register (the V check is the caller's)."""
-    fb, nearest, okind = targs[:3]
-    return pk == 0 and ak == 0 and fb <= FB32 and not nearest and okind == _OUT_TRUNC
+    return pk == 0 and ak == 0 and scheme == 0 and fb <= FB32 and not nearest and okind in (OUT_TRUNC, OUT_TRUNC_INF)

@@ -29,178 +29,46 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import ml_dtypes
 import numba
 import numpy as np
 from numba import njit, prange
 
-from .accum import _add_nb, _round_nb
-from .floats import FloatFormat, parse_format, round_pair, round_to
+from ..floats import FloatFormat, parse_format, round_pair, round_to
+from ._jit import (
+    FP32_EMIN,
+    FP32_MAN,
+    FP32_MAX,
+    OUT_EXACT,
+    OUT_FP16,
+    OUT_FP32,
+    OUT_TRUNC,
+    OUT_TRUNC_INF,
+    add_nb,
+    fused_rows,
+    gtr_rows,
+    lead2,
+    round_nb,
+)
+from .instructions import OPERAND_TYPES, SCALE_TYPES, Unit, get
 
-__all__ = ["FRAC_BITS", "K_FP8", "OUTS", "ROUNDINGS", "dot", "dot_reference", "mma", "out_args", "register_format"]
+__all__ = ["FRAC_BITS", "K_FP8", "OUTS", "ROUNDINGS", "dot", "dot_reference", "matmul", "matmul_unit", "mma",
+           "out_args", "register_format"]
 
 ROUNDINGS = ("toward_zero", "nearest")
 #: ``exact``, ``fp32`` (round to nearest), or any ``e8mN`` format (truncated toward zero).
 OUTS = ("e8m13", "fp32", "exact", "e8mN")
 K_FP8 = 32           # products per FP8 WGMMA instruction along the contraction
 FRAC_BITS = 13       # fraction bits the probes measure on Hopper
-_TWO52 = 4503599627370496.0
-_FP32_MAN, _FP32_EMIN, _FP32_MAX = 23, -126, float(np.finfo(np.float32).max)
-_OUT_EXACT, _OUT_TRUNC, _OUT_FP32 = 0, 1, 2
 
 
 # ------------------------------------------------------------------ compiled kernels
-@njit(inline="always")
-def _trunc_nb(x: float, m: int, emin: int, fmax: float) -> float:
-    """x truncated toward zero into a format with m fraction bits, smallest normal exponent
-    emin, largest finite fmax (overflow gives fmax, as IEEE truncation does)."""
-    if x != x or x == 0.0:
-        return x
-    a = abs(x)
-    if a == math.inf:
-        r = fmax
-    else:
-        b = np.float64(a).view(np.int64)
-        e = (b >> 52) - 1023
-        if e < -1022:                        # float64 subnormal: far below any e8 format
-            r = 0.0
-        else:
-            shift = 52 - m + max(emin - e, 0)
-            if shift > 52:
-                r = 0.0
-            else:
-                one = np.int64(1)
-                r = np.int64(b & ~((one << shift) - one)).view(np.float64)
-            if r > fmax:
-                r = fmax
-    return r if x > 0.0 else -r
-
-
-@njit(inline="always")
-def _finish(s: float, okind: int, om: int, oemin: int, ofmax: float) -> float:
-    """The exact instruction sum s written to the accumulator (see OUTS)."""
-    if okind == _OUT_TRUNC:
-        return _trunc_nb(s, om, oemin, ofmax)
-    if okind == _OUT_FP32:
-        return _round_nb(s, 0.0, _FP32_MAN, _FP32_EMIN, _FP32_MAX, math.inf)
-    return s
-
-
-@njit(inline="always")
-def _quanta(mx: float, fb: int) -> tuple[float, float]:
-    """(1/q, q) with q = 2^(floor(log2 mx) - fb), from mx's float64 exponent bits (mx >= 0;
-    mx = 0 or below 2^-1000 gives q for 2^-1000: every term is then cut to zero or kept)."""
-    e = ((np.float64(mx).view(np.int64) >> 52) & 0x7FF) - 1023
-    e = max(e, -1000)
-    inv = np.int64((1023 + fb - e) << 52).view(np.float64)
-    q = np.int64((1023 + e - fb) << 52).view(np.float64)
-    return inv, q
-
-
-@njit(inline="always")
-def _mma_rows(tc, prod, kk, ncol, scr, fb, nearest, okind, om, oemin, ofmax):
-    """One instruction for ncol outputs at once: tc[j] += the kk exact products prod[:kk, j],
-    each term cut on the grid of its column's largest term (tc updated in place; scr is a
-    (3, >= ncol) scratch array). The hot loops run along j, branch-free, so they vectorize."""
-    inv = scr[0]
-    chk = scr[1]
-    acc = scr[2]
-    for j in range(ncol):
-        inv[j] = abs(tc[j])
-        chk[j] = tc[j]
-    for i in range(kk):
-        pr = prod[i]                      # 1-D row views: numba's 2-D indexing defeats the vectorizer
-        for j in range(ncol):
-            p = pr[j]
-            inv[j] = max(inv[j], abs(p))
-            chk[j] += p
-    for j in range(ncol):
-        inv[j] = _quanta(inv[j], fb)[0]
-    if nearest:
-        for j in range(ncol):
-            acc[j] = np.rint(tc[j] * inv[j])
-        for i in range(kk):
-            pr = prod[i]
-            for j in range(ncol):
-                acc[j] += np.rint(pr[j] * inv[j])
-    elif fb <= 29:       # |term| / q < 2^(fb + 1) <= 2^30: int32 conversion truncates, and vectorizes
-        for j in range(ncol):
-            acc[j] = np.float64(np.int32(tc[j] * inv[j]))
-        for i in range(kk):
-            pr = prod[i]
-            for j in range(ncol):
-                acc[j] += np.float64(np.int32(pr[j] * inv[j]))
-    else:
-        for j in range(ncol):
-            acc[j] = np.trunc(tc[j] * inv[j])
-        for i in range(kk):
-            pr = prod[i]
-            for j in range(ncol):
-                acc[j] += np.trunc(pr[j] * inv[j])
-    for j in range(ncol):
-        c = chk[j]
-        if c != c or abs(c) == math.inf:          # NaN/inf among the terms: their IEEE sum
-            sm = tc[j]
-            for i in range(kk):
-                sm += prod[i, j]
-            tc[j] = sm
-        else:
-            tc[j] = _finish(acc[j] / inv[j], okind, om, oemin, ofmax)
-
-
-@njit(inline="always")
-def _mma_rows32(tc, prod, kk, ncol, scr, fb, om, ofmax):
-    """:func:`_mma_rows` in float32 lanes (twice the vector width), bit for bit, for a truncating cut
-    and a truncating e8m{om} output (om <= 23), fb <= 17, finite terms whose products were exact in
-    float32 (e4m3 operands). tc (>= ncol) float32 is updated in place; scr is (2, >= ncol) float32.
-
-    Exact because: the cut terms |t|/q < 2^(fb+1) are integers after the int32 conversion, and 33 of
-    them sum below 2^24 (so the sum converts to float32 exactly); the grid q = 2^(e - fb) stays
-    >= 2^-126, so acc * q is exact in float32, subnormals included, and truncating to om fraction
-    bits is clearing the low 23 - om bits (in float32's subnormal range too, where e8m{om}'s grid
-    is 2^(-126-om)). A column whose largest term is below 2^(fb - 126) (a rescaled accumulator
-    with every product zero) sends the instruction through :func:`_mma_rows` in float64."""
-    inv = scr[0]
-    acc = scr[1].view(np.int32)       # the cut terms are integers: summed as int32 (exact below 2^31)
-    for j in range(ncol):
-        inv[j] = abs(tc[j])
-    for i in range(kk):
-        pr = prod[i]                  # 1-D row views: numba's 2-D indexing here defeats the vectorizer
-        for j in range(ncol):
-            inv[j] = max(inv[j], abs(pr[j]))
-    lo = np.float32(2.0 ** (fb - 126))
-    small = False
-    for j in range(ncol):
-        small |= (inv[j] < lo) & (inv[j] != 0)
-    if small:                         # rare: the float64 instruction itself, on copies
-        t64 = tc[:ncol].astype(np.float64)
-        _mma_rows(t64, prod[:kk, :ncol].astype(np.float64), kk, ncol, np.empty((3, ncol)), fb, False,
-                  _OUT_TRUNC, om, -126, ofmax)
-        for j in range(ncol):
-            tc[j] = t64[j]
-        return
-    hi = np.int32(127 + fb)
-    for j in range(ncol):
-        e = max((np.float32(inv[j]).view(np.int32) >> 23) - 127, fb - 126)     # inv >= 0: no sign bit
-        inv[j] = np.int32((hi - e) << 23).view(np.float32)
-    for j in range(ncol):
-        acc[j] = np.int32(tc[j] * inv[j])
-    for i in range(kk):
-        pr = prod[i]
-        for j in range(ncol):
-            acc[j] += np.int32(pr[j] * inv[j])
-    mask = np.int32(~((1 << (23 - om)) - 1))
-    fmax = np.float32(ofmax)
-    for j in range(ncol):
-        r = np.int32(np.float32(np.float32(acc[j]) / inv[j]).view(np.int32) & mask).view(np.float32)
-        tc[j] = r if abs(r) <= fmax else (fmax if r > 0 else -fmax)
-
-
 @njit(cache=True)
 def _mma_nb(c, prods, fb, nearest, okind, om, oemin, ofmax):   # pragma: no cover - compiled
     k, cols = prods.shape
     tc = c.copy()
     scr = np.empty((3, cols))
-    _mma_rows(tc, prods, k, cols, scr, fb, nearest, okind, om, oemin, ofmax)
+    fused_rows(tc, prods, prods, k, cols, scr, fb, nearest, okind, om, oemin, ofmax, 0.0, 0.0, 1, True)
     return tc
 
 
@@ -219,7 +87,7 @@ def _dot_nb(a, b, c, kk, fb, nearest, okind, om, oemin, ofmax, promote, nth):   
         reg = np.empty(w)
         for j in range(w):
             if promote > 0:
-                reg[j] = _round_nb(c[j0 + j], 0.0, _FP32_MAN, _FP32_EMIN, _FP32_MAX, math.inf)
+                reg[j] = round_nb(c[j0 + j], 0.0, FP32_MAN, FP32_EMIN, FP32_MAX, math.inf)
                 tc[j] = 0.0
             else:
                 reg[j] = 0.0
@@ -230,11 +98,11 @@ def _dot_nb(a, b, c, kk, fb, nearest, okind, om, oemin, ofmax, promote, nth):   
             for i in range(i0, i1):
                 for j in range(w):
                     prod[i - i0, j] = a[i, j0 + j] * b[i, j0 + j]
-            _mma_rows(tc, prod, i1 - i0, w, scr, fb, nearest, okind, om, oemin, ofmax)
+            fused_rows(tc, prod, prod, i1 - i0, w, scr, fb, nearest, okind, om, oemin, ofmax, 0.0, 0.0, 1, True)
             since += i1 - i0
             if promote > 0 and (since >= promote or i1 == n):
                 for j in range(w):
-                    reg[j] = _add_nb(reg[j], tc[j], _FP32_MAN, _FP32_EMIN, _FP32_MAX, math.inf)
+                    reg[j] = add_nb(reg[j], tc[j], FP32_MAN, FP32_EMIN, FP32_MAX, math.inf)
                     tc[j] = 0.0
                 since = 0
         for j in range(w):
@@ -276,10 +144,10 @@ def out_args(out: str, frac_bits: int = FRAC_BITS,
         raise ValueError(f"parameter 'rounding' must be one of {list(ROUNDINGS)}, got {rounding!r}")
     f = register_format(out)
     if f is None:
-        return fb, rounding == "nearest", _OUT_EXACT, 0, 0, 0.0
+        return fb, rounding == "nearest", OUT_EXACT, 0, 0, 0.0
     if out == "fp32":
-        return fb, rounding == "nearest", _OUT_FP32, 23, -126, f.max
-    return fb, rounding == "nearest", _OUT_TRUNC, f.man_bits, f.emin, f.max
+        return fb, rounding == "nearest", OUT_FP32, 23, -126, f.max
+    return fb, rounding == "nearest", OUT_TRUNC, f.man_bits, f.emin, f.max
 
 
 def _as_real(x: Any, name: str) -> np.ndarray:
@@ -380,3 +248,180 @@ def _fp32_add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     bb = s - x
     lo = (x - (s - bb)) + (y - bb)
     return round_pair(s, lo, "fp32")
+
+
+# ------------------------------------------------------------------ the units of each GPU
+_SCHEMES = {"T": 0, "ST": 1, "GST": 2, "GTR": 3}
+_ROUNDING_OUT = {"RZ-E8M13": (OUT_TRUNC_INF, 13), "RZ-FP32": (OUT_TRUNC_INF, 23), "RNE-FP32": (OUT_FP32, 23),
+                 "RNE-FP16": (OUT_FP16, 10)}
+_TILE = 256          # outputs per tile of the compiled matmul (the vector loops run along a tile)
+
+
+@njit(cache=True)
+def _weights_nb(x, emin):   # pragma: no cover - compiled
+    out = np.empty(x.size)
+    flat = x.reshape(-1)
+    for i in range(x.size):
+        out[i] = lead2(flat[i], emin)
+    return out.reshape(x.shape)
+
+
+@njit(parallel=True, cache=True)
+def _matmul_nb(a, b, c, aw, bw, sa, sb, sw_a, sw_b, scheme, group, g, block, fb, fb2, okind, om, cmin, zw,
+               nth):   # pragma: no cover - compiled
+    """The chain of instructions for every output: tiles of whole rows (R rows x n outputs, flattened),
+    each step's terms formed along the flattened tile so the fused kernel's loops vectorize."""
+    m, kk = a.shape
+    n = b.shape[1]
+    rows = max(1, min(m, _TILE // n if n < _TILE else 1))
+    ntile = (m + rows - 1) // rows
+    out = np.empty((m, n))
+    oemin = FP32_EMIN if okind != OUT_FP16 else -14
+    nterm = group // g if scheme == 2 else group
+    for tl in prange(ntile):
+        r0 = tl * rows
+        r1 = min(m, r0 + rows)
+        w = (r1 - r0) * n
+        tc = np.empty(w)
+        prod = np.empty((nterm, w))
+        wts = np.empty((nterm, w))
+        scr = np.empty((3, w))
+        for r in range(r0, r1):
+            for j in range(n):
+                tc[(r - r0) * n + j] = c[r, j]
+        for t0 in range(0, kk, group):
+            blk = t0 // block
+            if scheme == 2:                       # GST: exact group sums, scaled, then fused
+                for gi in range(nterm):
+                    s0 = t0 + gi * g
+                    blk = s0 // block
+                    pr = prod[gi]
+                    wr = wts[gi]
+                    for r in range(r0, r1):
+                        q0 = (r - r0) * n
+                        for j in range(n):
+                            v = 0.0
+                            allz = True
+                            for t in range(s0, s0 + g):
+                                p = a[r, t] * b[t, j]
+                                v += p
+                                allz &= p == 0.0
+                            scale = sa[r, blk] * sb[blk, j]
+                            pr[q0 + j] = v * scale
+                            wr[q0 + j] = zw if (allz or scale == 0.0) else sw_a[r, blk] * sw_b[blk, j]
+                fused_rows(tc, prod, wts, nterm, w, scr, fb, False, okind, om, oemin, math.inf, cmin, zw, 12, False)
+                continue
+            for t in range(t0, t0 + group):
+                pr = prod[t - t0]
+                wr = wts[t - t0]
+                brow = b[t]
+                bwrow = bw[t]
+                for r in range(r0, r1):
+                    q0 = (r - r0) * n
+                    ar = a[r, t]
+                    awr = aw[r, t]
+                    if scheme == 1:               # ST: one block scale per step
+                        ar = ar * sa[r, blk]
+                        awr = awr * sw_a[r, blk]
+                        for j in range(n):
+                            pr[q0 + j] = ar * brow[j] * sb[blk, j]
+                            ww = awr * bwrow[j] * sw_b[blk, j]
+                            wr[q0 + j] = ww if ww != 0.0 else zw
+                    elif scheme == 3:
+                        for j in range(n):
+                            pr[q0 + j] = ar * brow[j]
+                            wr[q0 + j] = awr * bwrow[j]
+                    else:
+                        for j in range(n):
+                            pr[q0 + j] = ar * brow[j]
+                            ww = awr * bwrow[j]
+                            wr[q0 + j] = ww if ww != 0.0 else zw
+            if scheme == 3:
+                gtr_rows(tc, prod, wts, group, w, fb, fb2)
+            else:
+                fused_rows(tc, prod, wts, group, w, scr, fb, False, okind, om, oemin, math.inf, cmin, zw, 2, False)
+        for r in range(r0, r1):
+            for j in range(n):
+                out[r, j] = tc[(r - r0) * n + j] + 0.0
+    return out
+
+
+def _operand(x: Any, name: str, dtype_name: str, shape_ok: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf" or arr.ndim != 2:
+        raise ValueError(f"parameter {name!r} must be a real 2-D array {shape_ok}, got {arr.dtype} {arr.shape}")
+    return arr.astype(np.float64)
+
+
+def _representable(x: np.ndarray, name: str, tname: str, dtype_name: str) -> None:
+    dt = getattr(ml_dtypes, dtype_name, None) or np.dtype(dtype_name)
+    with np.errstate(over="ignore", invalid="ignore"):
+        back = x.astype(dt).astype(np.float64)
+    bad = ~((back == x) | (np.isnan(back) & np.isnan(x)))
+    if bad.any():
+        v = x[bad][0]
+        raise ValueError(f"parameter {name!r} must hold values exactly representable in {tname} "
+                         f"({dtype_name}); {np.count_nonzero(bad)} are not, e.g. {v!r}")
+
+
+def matmul(a: Any, b: Any, c: Any, *, arch: str, instr: str, scale_a: Any = None, scale_b: Any = None) -> np.ndarray:
+    """D = A·B + C through ``arch``'s instruction ``instr``, chained along K (each step fed the previous D
+    as its C), bit for bit as MMA-Sim computes it. Names and arithmetic: :mod:`kvcost.numerics.instructions`.
+
+    ``a`` (m, K), ``b`` (K, n): operand values, each exactly representable in the instruction's A / B
+    type (e2m1 as values; tf32 operands are float32 values truncated to tf32 as the hardware reads them);
+    ``c`` (m, n): float32 (float16 for ``.f16`` accumulators) values. K is a multiple of the
+    instruction's k; m and n are free. Block-scaled kinds take ``scale_a`` (m, K // block) and ``scale_b``
+    (K // block, n): ue8m0 powers of two, or non-negative e4m3 values for ue4m3. Returns float32 (m, n).
+    """
+    return matmul_unit(get(arch, instr), a, b, c, scale_a, scale_b)
+
+
+def matmul_unit(u: Unit, a: Any, b: Any, c: Any, scale_a: Any = None, scale_b: Any = None) -> np.ndarray:
+    """:func:`matmul` on a :class:`~kvcost.numerics.instructions.Unit` given directly (a registered one, or
+    one with its arithmetic changed on purpose: a narrower register, another zero exponent)."""
+    arch, instr = u.arch, u.instr
+    aa = _operand(a, "a", "", "(m, K)")
+    bb = _operand(b, "b", "", "(K, n)")
+    m, kk = aa.shape
+    if bb.shape[0] != kk:
+        raise ValueError(f"parameters 'a' and 'b' must be shaped (m, K) and (K, n), got {aa.shape} and {bb.shape}")
+    n = bb.shape[1]
+    if kk < 1 or kk % u.k:
+        raise ValueError(f"K = {kk} must be a positive multiple of the instruction's k = {u.k} ({instr})")
+    cc = _operand(c, "c", "", "(m, n)")
+    if cc.shape != (m, n):
+        raise ValueError(f"parameter 'c' must be shaped (m, n) = {(m, n)}, got {cc.shape}")
+    for x, nm, t in ((aa, "a", u.a_type), (bb, "b", u.b_type)):
+        if t == "tf32":
+            x[...] = (x.astype(np.float32).view(np.int32) >> 13 << 13).view(np.float32)
+        _representable(x, nm, t, OPERAND_TYPES[t][0])
+    _representable(cc, "c", u.c_type, "float16" if u.c_type == "f16" else "float32")
+    ones = np.ones((1, 1))
+    sa = sb = swa = swb = ones
+    if u.block:
+        if scale_a is None or scale_b is None:
+            raise ValueError(f"{arch} {instr} is block-scaled: parameters 'scale_a' (m, K // {u.block}) and "
+                             f"'scale_b' (K // {u.block}, n) are required")
+        sa = _operand(scale_a, "scale_a", "", f"(m, K // {u.block})")
+        sb = _operand(scale_b, "scale_b", "", f"(K // {u.block}, n)")
+        if sa.shape != (m, kk // u.block) or sb.shape != (kk // u.block, n):
+            raise ValueError(f"parameters 'scale_a' and 'scale_b' must be shaped {(m, kk // u.block)} and "
+                             f"{(kk // u.block, n)}, got {sa.shape} and {sb.shape}")
+        sname, semin = SCALE_TYPES[u.scale_type]
+        for x, nm in ((sa, "scale_a"), (sb, "scale_b")):
+            if (x < 0).any():
+                raise ValueError(f"parameter {nm!r} must be non-negative ({u.scale_type} scales)")
+            _representable(x, nm, u.scale_type, sname)
+        swa, swb = _weights_nb(sa, semin), _weights_nb(sb, semin)
+    elif scale_a is not None or scale_b is not None:
+        raise ValueError(f"parameters 'scale_a' / 'scale_b' apply only to block-scaled instructions, not {instr}")
+    okind, om = _ROUNDING_OUT[u.rounding]
+    cmin = 2.0 ** (-14 if u.c_type == "f16" else FP32_EMIN)
+    zw = 2.0 ** u.e_zero if u.scheme != "GTR" else 0.0
+    aw = _weights_nb(aa, OPERAND_TYPES[u.a_type][1])
+    bw = _weights_nb(bb, OPERAND_TYPES[u.b_type][1])
+    d = _matmul_nb(np.ascontiguousarray(aa), np.ascontiguousarray(bb), np.ascontiguousarray(cc), aw, bw, sa, sb,
+                   swa, swb, _SCHEMES[u.scheme], u.group, max(u.g, 1), max(u.block, 1), u.frac_bits, u.frac_bits2,
+                   okind, om, cmin, zw, numba.get_num_threads())
+    return d.astype(np.float32)

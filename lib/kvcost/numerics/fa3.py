@@ -31,6 +31,7 @@ The compiled kernel is :mod:`kvcost.fa3kernel`; this module checks arguments and
 """
 from __future__ import annotations
 
+import csv
 import math
 from typing import Any
 
@@ -38,9 +39,11 @@ import ml_dtypes
 import numba
 import numpy as np
 
-from .fa3kernel import FB32, _all_e4m3, _attend_nb, _pv32, _row, _store_e4m3_nb
-from .floats import round_to
-from .tensorcore import FRAC_BITS, out_args
+from ..floats import round_to
+from ..output import repo_root
+from ._jit import OUT_FP32, OUT_TRUNC_INF
+from .fa3kernel import all_e4m3, attend_nb, lanes32, row, store_e4m3_nb, weights_nb
+from .instructions import OPERAND_TYPES, Unit, get
 
 __all__ = [
     "ACCUMULATORS",
@@ -49,11 +52,13 @@ __all__ = [
     "P_FORMATS",
     "QK_MODES",
     "STORE_FORMATS",
+    "UNIT_ARCHS",
     "attend",
     "attend_row",
     "exact_attention",
     "store",
     "tile_sizes",
+    "unit_for",
 ]
 
 #: P cast before P·V: ``e4m3`` (OCP E4M3FN, nearest, saturating at 448), ``bf16``, ``fp32``,
@@ -70,6 +75,59 @@ STORE_FORMATS = ("e4m3", "bf16", "fp32", "exact")
 LOG2E = float(np.float32(math.log2(math.e)))     # the fp32 constant the kernel multiplies by
 _PK = {"e4m3": 0, "bf16": 1, "fp32": 2, "exact": 3}
 _AK = {"tensorcore": 0, "fp32": 1, "exact": 2}
+_P_EMIN = {0: -6, 1: -126, 2: -126, 3: -1074, 4: -7}     # the smallest normal exponent P aligns by
+_SCHEME = {"T": 0, "GTR": 3}
+_OUT = {"RZ-E8M13": OUT_TRUNC_INF, "RZ-FP32": OUT_TRUNC_INF, "RNE-FP32": OUT_FP32}
+
+
+def _attention_units() -> dict[str, dict[str, str]]:
+    with open(repo_root() / "data" / "tensorcore" / "attention_units.csv", newline="", encoding="utf-8") as fh:
+        return {r["arch"]: r for r in csv.DictReader(fh)}
+
+
+_UNITS = _attention_units()
+#: The GPUs whose FP8 attention unit kvcost models (``data/tensorcore/attention_units.csv``).
+UNIT_ARCHS = tuple(_UNITS)
+
+
+def unit_for(arch: str) -> Unit:
+    """The FP8 instruction ``arch``'s attention kernels run P·V (and QKᵀ) on, from
+    ``data/tensorcore/attention_units.csv``: Hopper wgmma e4m3, Blackwell tcgen05 ``kind::f8f6f4`` e4m3,
+    Ada / RTX Blackwell mma.sync e4m3, CDNA3 MFMA fp8 (e4m3fnuz)."""
+    if arch not in _UNITS:
+        raise ValueError(f"parameter 'arch' must be one of {list(UNIT_ARCHS)}, got {arch!r}")
+    return get(arch, _UNITS[arch]["instr"])
+
+
+def _unit_args(arch: str, frac_bits: Any, rounding: str, name: str = "frac_bits") -> tuple:
+    """(scheme, group, fb, fb2, nearest, okind, om, oemin, ofmax, cmin, zw) of arch's attention unit;
+    ``frac_bits`` (when not None) narrows or widens the kept fraction bits, and the register with them
+    (e8m{frac_bits}, truncated; CDNA3 keeps F2 - F more bits where the dot meets the accumulator)."""
+    u = unit_for(arch)
+    if rounding not in ("toward_zero", "nearest"):
+        raise ValueError(f"parameter 'rounding' must be one of ['toward_zero', 'nearest'], got {rounding!r}")
+    fb = u.frac_bits if frac_bits is None else _pos_int(name, frac_bits)
+    if fb > 40:
+        raise ValueError(f"parameter {name!r} must be an integer between 1 and 40, got {frac_bits!r}")
+    om = 13 if u.rounding == "RZ-E8M13" else 23
+    if frac_bits is not None:
+        om = min(fb, 23)
+    fb2 = u.frac_bits2 + fb - u.frac_bits if u.scheme == "GTR" else 0
+    zw = 2.0 ** u.e_zero if u.scheme == "T" else 0.0
+    return (_SCHEME[u.scheme], u.group, fb, fb2, rounding == "nearest", _OUT[u.rounding], om, -126,
+            float(np.finfo(np.float32).max), 2.0 ** -126, zw)
+
+
+def _operand_emin(x: np.ndarray, arch: str, which: str) -> int:
+    """The exponent a stored operand aligns by on arch's unit: its FP8 type's smallest normal when every
+    value is of that type, else a bf16/fp32 operand's (-126)."""
+    t = unit_for(arch).b_type if which == "b" else unit_for(arch).a_type
+    if t == "e4m3":
+        return OPERAND_TYPES[t][1] if all_e4m3(x) else -126
+    dt = getattr(ml_dtypes, OPERAND_TYPES[t][0])
+    with np.errstate(over="ignore", invalid="ignore"):
+        ok = np.array_equal(np.asarray(x, np.float64).astype(dt).astype(np.float64), np.asarray(x, np.float64))
+    return OPERAND_TYPES[t][1] if ok else -126
 
 
 # ------------------------------------------------------------------ checks
@@ -89,7 +147,7 @@ def _pos_int(name: str, value: Any, lo: int = 1, none_ok: bool = False) -> int:
 
 
 def _common(p_format: str, accumulator: str, flush_every: Any, block_n: Any, max_offset: Any, splits: Any,
-            frac_bits: Any, l_accumulator: str, rounding: str) -> tuple:
+            frac_bits: Any, l_accumulator: str, rounding: str, arch: str) -> tuple:
     _choice("p_format", p_format, P_FORMATS)
     _choice("accumulator", accumulator, ACCUMULATORS)
     _choice("l_accumulator", l_accumulator, L_ACCUMULATORS)
@@ -99,9 +157,11 @@ def _common(p_format: str, accumulator: str, flush_every: Any, block_n: Any, max
     if mo > 16:
         raise ValueError(f"parameter 'max_offset' must be an integer between 0 and 16, got {max_offset!r}")
     sp = _pos_int("splits", splits)
-    fb = _pos_int("frac_bits", frac_bits)
-    targs = out_args(f"e8m{fb}" if fb <= 23 else "fp32", fb, rounding)
-    return (_PK[p_format], _AK[accumulator], 0 if l_accumulator == "fp32" else 1, flush, bn, float(mo), sp, targs)
+    targs = _unit_args(arch, frac_bits, rounding)
+    pk = _PK[p_format]
+    if pk == 0 and unit_for(arch).a_type == "fp8":
+        pk = 4                              # the GPU's e4m3 is e4m3fnuz (CDNA3)
+    return (pk, _AK[accumulator], 0 if l_accumulator == "fp32" else 1, flush, bn, float(mo), sp, targs)
 
 
 def _values(x: Any, name: str, ndim: int) -> np.ndarray:
@@ -116,20 +176,22 @@ def _values(x: Any, name: str, ndim: int) -> np.ndarray:
 # ------------------------------------------------------------------ public API
 def attend_row(scores: Any, v: Any, *, p_format: str = "e4m3", accumulator: str = "tensorcore",
                flush_every: int | None = None, block_n: int = 96, max_offset: int = 8, splits: int = 1,
-               frac_bits: int = FRAC_BITS, l_accumulator: str = "fp32", rounding: str = "toward_zero") -> np.ndarray:
+               frac_bits: int | None = None, l_accumulator: str = "fp32", rounding: str = "toward_zero",
+               arch: str = "Hopper") -> np.ndarray:
     """FlashAttention-3's FP8 forward pass for one query row (see the module docstring).
 
     ``scores`` (n,): already scaled, natural-log units (rounded to fp32 here); ``v`` (n, d):
-    the stored values. ``p_format``: :data:`P_FORMATS`; ``accumulator``: :data:`ACCUMULATORS`;
-    ``flush_every=N``: two-level accumulation every N blocks (None: never, the kernel before
-    vLLM's fix); ``block_n``: keys per block (96 for FP8 decode at head_dim 128, see
-    :func:`tile_sizes`); ``max_offset``: 8 for FP8; ``splits``: split-KV; ``frac_bits``: the
-    tensor core's kept fraction bits (the register is e8m{frac_bits}). Extra, to take the
-    kernel apart: ``l_accumulator="exact"`` and ``accumulator="exact"`` sum in float64,
+    the stored values. ``p_format``: :data:`P_FORMATS` (``e4m3`` is the GPU's own: e4m3fnuz on CDNA3);
+    ``accumulator``: :data:`ACCUMULATORS`; ``flush_every=N``: two-level accumulation every N blocks
+    (None: never, the kernel before vLLM's fix); ``block_n``: keys per block (96 for FP8 decode at
+    head_dim 128, see :func:`tile_sizes`); ``max_offset``: 8 for FP8; ``splits``: split-KV. ``arch``:
+    the GPU whose FP8 unit runs P·V (:func:`unit_for`, bit for bit MMA-Sim); ``frac_bits``, when given,
+    overrides the unit's kept fraction bits (the register narrowed on purpose, e8m{frac_bits}). Extra,
+    to take the kernel apart: ``l_accumulator="exact"`` and ``accumulator="exact"`` sum in float64,
     ``rounding="nearest"`` cuts the tensor-core terms to nearest. Returns (d,) float64.
     """
     pk, ak, lk, flush, bn, mo, sp, targs = _common(p_format, accumulator, flush_every, block_n, max_offset,
-                                                   splits, frac_bits, l_accumulator, rounding)
+                                                   splits, frac_bits, l_accumulator, rounding, arch)
     s = _values(scores, "scores", 1)
     vv = _values(v, "v", 2)
     if vv.shape[0] != s.shape[0] or s.shape[0] < 1:
@@ -139,10 +201,14 @@ def attend_row(scores: Any, v: Any, *, p_format: str = "e4m3", accumulator: str 
     d = vv.shape[1]
     width = max(d, 1)
     out = np.empty(d)
-    pv32 = _pv32(pk, ak, targs) and _all_e4m3(vv)
-    _row(s32, vv, 0, s32.shape[0], LOG2E, pk, ak, lk, flush, bn, mo, sp, *targs, out,
-         np.empty((3, width)), np.empty((32, width)), np.empty(d), np.empty(d), np.empty(bn), np.empty(bn),
-         pv32, np.empty((32, width), np.float32), np.empty(d, np.float32), np.empty((2, width), np.float32))
+    pv32 = lanes32(pk, ak, targs[0], targs[2], targs[4], targs[5]) and all_e4m3(vv)
+    if pv32:
+        vv = np.ascontiguousarray(vv, dtype=np.float32)
+    vw = weights_nb(vv, _operand_emin(vv, arch, "b"))
+    row(s32, vv, vw, 0, s32.shape[0], LOG2E, pk, ak, lk, flush, bn, mo, sp, *targs, _P_EMIN[pk], out,
+        np.empty((3, width)), np.empty((32, width)), np.empty((32, width)), np.empty(d), np.empty(d),
+        np.empty(bn), np.empty(bn), pv32, np.empty((32, width), np.float32), np.empty(width, np.float32),
+        np.empty(d, np.float32), np.empty((2, width), np.float32))
     return out
 
 
@@ -160,7 +226,7 @@ def store(x: Any, fmt: str, name: str = "fmt") -> np.ndarray:
         if fmt == "fp32":
             return a32
         if fmt == "e4m3":             # compiled: bit for bit ml_dtypes' SATFINITE cast (tested), 10x faster
-            return _store_e4m3_nb(np.ascontiguousarray(a32).reshape(-1)).reshape(a32.shape)
+            return store_e4m3_nb(np.ascontiguousarray(a32).reshape(-1)).reshape(a32.shape)
         return a32.astype(ml_dtypes.bfloat16).astype(np.float32)
     r = round_to(a.astype(np.float64), {"e4m3": "fp8_e4m3", "bf16": "bf16", "fp32": "fp32"}[fmt], saturate=True)
     return r.astype(np.float32)
@@ -169,8 +235,8 @@ def store(x: Any, fmt: str, name: str = "fmt") -> np.ndarray:
 def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
            q_format: str = "e4m3", kv_format: str = "e4m3", qk: str = "tensorcore", p_format: str = "e4m3",
            accumulator: str = "tensorcore", flush_every: int | None = None, block_n: int = 96,
-           max_offset: int = 8, splits: int = 1, frac_bits: int = FRAC_BITS, l_accumulator: str = "fp32",
-           rounding: str = "toward_zero") -> np.ndarray:
+           max_offset: int = 8, splits: int = 1, frac_bits: int | None = None, l_accumulator: str = "fp32",
+           rounding: str = "toward_zero", arch: str = "Hopper", qk_frac_bits: int | None = None) -> np.ndarray:
     """FlashAttention-3's FP8 forward pass for many heads and rows, in parallel.
 
     ``q`` (heads, n_q, d), ``k`` and ``v`` (kv_heads, n_k, d) with heads a multiple of
@@ -178,10 +244,12 @@ def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float
     stored in ``q_format`` and K, V in ``kv_format`` (:data:`STORE_FORMATS`, scale 1.0).
     ``causal``: query r sits at position n_k - n_q + r and sees keys up to it. S = QKᵀ
     (``qk``: :data:`QK_MODES`), scaled by ``softmax_scale`` (default 1/sqrt(d)) inside the
-    exponent as the kernel does; the rest as :func:`attend_row`. Returns (heads, n_q, d) float64.
+    exponent as the kernel does; the rest as :func:`attend_row`. QKᵀ runs on the same unit with its own
+    fraction bits: ``frac_bits`` narrows P·V alone, ``qk_frac_bits`` (None: the unit's) QKᵀ alone.
+    Returns (heads, n_q, d) float64.
     """
     pk, ak, lk, flush, bn, mo, sp, targs = _common(p_format, accumulator, flush_every, block_n, max_offset,
-                                                   splits, frac_bits, l_accumulator, rounding)
+                                                   splits, frac_bits, l_accumulator, rounding, arch)
     _choice("qk", qk, QK_MODES)
     qq, kk, vv = (store(_values(x, nm, 3), f, fn) for x, nm, f, fn in
                   ((q, "q", q_format, "q_format"), (k, "k", kv_format, "kv_format"), (v, "v", kv_format, "kv_format")))
@@ -197,16 +265,23 @@ def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"parameter 'softmax_scale' must be a positive number, got {softmax_scale!r}")
     scale_log2 = float(np.float32(np.float32(scale) * np.float32(math.log2(math.e))))
-    s_args = out_args("e8m13", 13, "toward_zero")[2:] if qk == "tensorcore" else (0, 0, 0, 0.0)
+    sargs = _unit_args(arch, qk_frac_bits, "toward_zero", "qk_frac_bits")
+    sfb, sok, som, soemin, sofmax = sargs[2], sargs[5], sargs[6], sargs[7], sargs[8]
+    if sargs[0] != 0 and qk == "tensorcore":
+        raise ValueError(f"parameter 'qk': QKᵀ on {arch}'s MFMA is not modelled; use qk='fp32' or 'exact'")
     # the float32-lane tensor core where its exactness conditions hold (e4m3 operands, truncation)
-    qk32 = qk == "tensorcore" and targs[0] <= FB32 and not targs[1] and \
-        (q_format == "e4m3" or _all_e4m3(qq)) and (kv_format == "e4m3" or _all_e4m3(kk))
-    pv32 = _pv32(pk, _AK[accumulator], targs) and (kv_format == "e4m3" or _all_e4m3(vv))
+    qk32 = qk == "tensorcore" and lanes32(0, 0, sargs[0], sfb, False, sok) and \
+        (q_format == "e4m3" or all_e4m3(qq)) and (kv_format == "e4m3" or all_e4m3(kk))
+    pv32 = lanes32(pk, _AK[accumulator], targs[0], targs[2], targs[4], targs[5]) and \
+        (kv_format == "e4m3" or all_e4m3(vv))
     if (qk32 or pv32) and all(x.dtype == np.float32 or np.array_equal(x.astype(np.float32), x) for x in (qq, kk, vv)):
         qq, kk, vv = (np.ascontiguousarray(x, dtype=np.float32) for x in (qq, kk, vv))
     kT = np.ascontiguousarray(np.swapaxes(kk, 1, 2))
-    return _attend_nb(qq, kT, vv, hq // hk, bool(causal), scale_log2, pk, ak, lk, _AK[qk], flush, bn, mo, sp,
-                      *targs, *s_args, qk32, pv32, numba.get_num_threads())
+    kwT = weights_nb(kT, _operand_emin(kT, arch, "b"))
+    vw = weights_nb(vv, _operand_emin(vv, arch, "b"))
+    qemin = _operand_emin(qq, arch, "a")
+    return attend_nb(qq, kT, kwT, vv, vw, hq // hk, bool(causal), scale_log2, pk, ak, lk, _AK[qk], flush, bn, mo, sp,
+                     *targs, _P_EMIN[pk], qemin, sfb, sok, som, soemin, sofmax, qk32, pv32, numba.get_num_threads())
 
 
 def exact_attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None) -> np.ndarray:
