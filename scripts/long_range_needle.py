@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                            "heads": args.heads, "head_dim": args.head_dim, "block_n": args.block_n,
                            "needle_weight": args.needle_weight, "seed": args.seed},
             "heads": [h.label for h in picked], "rows": len(df),
-            "run_seconds_this_session": round(time.time() - t0), "needle_csv_sha256": provenance.sha256(csv)}
+            "run_seconds_this_session": round(time.time() - t0), "needle_csv_sha256": provenance.sha256(csv),
+            "sha256": {"needle.csv": provenance.sha256(csv)}}   # what kvcost.provenance.checked reads
     (args.out / "provenance.json").write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
     partial.unlink()
     print(f"wrote {csv} ({len(df)} rows) and provenance.json")

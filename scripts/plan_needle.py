@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                        "needle_weight": args.needle_weight, "seed": args.seed, "head_dim": 64},
         "rows": len(full), "run_seconds_this_session": round(time.time() - t0),
         "needle_csv_sha256": provenance.sha256(csv_path),
+        "sha256": {"needle.csv": provenance.sha256(csv_path)},   # what kvcost.provenance.checked reads
         "input": {"path": str(REAL_KV.relative_to(ROOT)), "sha256": provenance.sha256(REAL_KV)},
     }
     (args.out / "provenance.json").write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")

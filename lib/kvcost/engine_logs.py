@@ -19,6 +19,7 @@ from typing import Any
 from . import llamacpp, vllm
 from .hfconfig import Geometry, from_hf_config
 from .models import load_model
+from .provenance import checked
 from .units import GIB
 
 __all__ = ["PROVENANCE", "check_all", "check_llamacpp", "check_vllm", "data_dir", "first_hand", "llamacpp_rows",
@@ -34,7 +35,7 @@ def data_dir() -> Path:
 
 
 def _rows(name: str) -> list[dict[str, str]]:
-    with open(data_dir() / name, newline="", encoding="utf-8") as f:
+    with open(checked(data_dir() / name), newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
 
 

@@ -19,6 +19,7 @@ from . import formats, llamacpp, stats
 from .hfconfig import SLIDING, Geometry
 from .models import model_record
 from .output import repo_root
+from .provenance import checked
 from .sizing import cache_bytes, check_context, kv_bytes_per_token, kv_formats, max_context, state_bytes
 from .units import GIB
 
@@ -59,7 +60,7 @@ def _data() -> Path:
 def gpus() -> dict[str, GPU]:
     """The GPU catalogue (``data/gpus.csv``): memory as reported by the driver where a log shows it, else vendor GB."""
     out = {}
-    with open(_data() / "gpus.csv", newline="", encoding="utf-8") as f:
+    with open(checked(_data() / "gpus.csv"), newline="", encoding="utf-8") as f:
         for r in csv.DictReader(f):
             if r["total_gib_reported"]:
                 g = GPU(r["name"], float(r["total_gib_reported"]), f"{r['total_gib_reported']} GiB as a vLLM log "
@@ -112,7 +113,7 @@ def accuracy_lookup(path: str | Path | None, storage: str,
     """
     if path is None or not Path(path).is_file():
         return None
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(checked(path), newline="", encoding="utf-8") as f:
         rows = [r for r in csv.DictReader(f) if r.get("accumulator", "exact") == "exact"]
     mine = [r for r in rows if r.get("storage") == storage]
     lengths = sorted({int(r["n_tokens"]) for r in mine if int(r["n_tokens"]) <= context})

@@ -2,13 +2,24 @@
 
 Every heavy run whose results are committed as data (scripts/*.py) records these beside its
 table, so a reader can tell what produced it and a notebook can refuse a table that changed.
+
+Every committed data table (``data/**/*.csv``, ``*.npz``) has its sha256 recorded in a JSON file
+beside it, in that file's ``"sha256": {file name: digest}`` mapping: the table's own provenance
+(``passkey.json`` for ``passkey.csv``, ``smollm2_kv.json`` for the extract and its statistics) or
+the folder's ``provenance.json``. Every reader goes through :func:`checked`, which refuses a table
+whose bytes no longer have the recorded digest, naming both. A run that appends to a committed
+table (:func:`appending`, ``sweep publish``) records the new digest with :func:`record`; after a
+deliberate hand edit, ``python -m kvcost.provenance record data/<file>`` does.
 """
 from __future__ import annotations
 
 import csv
 import hashlib
+import json
+import os
 import platform
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import metadata
@@ -16,7 +27,12 @@ from pathlib import Path
 
 from .output import repo_root
 
-__all__ = ["sha256", "versions", "git_commit", "finished_keys", "appending"]
+__all__ = ["sha256", "versions", "git_commit", "finished_keys", "appending", "checked", "recorded", "record",
+           "is_committed", "DIGESTS_FILE"]
+
+DIGESTS_FILE = "provenance.json"   # a folder's record for tables without a provenance file of their own
+_MAX_JSON = 1 << 20                # a provenance file is small: larger JSON files are not read for digests
+_DIGEST_CACHE: dict[tuple[str, int, int], str] = {}
 
 
 def sha256(path: str | Path) -> str:
@@ -26,6 +42,102 @@ def sha256(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _digest(path: Path) -> str:
+    """sha256 of ``path``, remembered for this process while its size and modification time stay."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGEST_CACHE:
+        _DIGEST_CACHE[key] = sha256(path)
+    return _DIGEST_CACHE[key]
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(repo_root().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def is_committed(path: str | Path) -> bool:
+    """True for a file in the repository's ``data/`` folder (a committed input or result)."""
+    return Path(path).resolve().is_relative_to((repo_root() / "data").resolve())
+
+
+def _records(path: Path) -> list[Path]:
+    """The JSON files that may record ``path``'s digest, in the order they are consulted."""
+    folder = path.parent
+    first = [folder / f"{path.stem}.json", folder / DIGESTS_FILE]
+    rest = sorted(p for p in folder.glob("*.json") if p not in first)
+    return [p for p in [*first, *rest] if p.is_file() and p != path and p.stat().st_size <= _MAX_JSON]
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def recorded(path: str | Path) -> tuple[str, Path] | None:
+    """(digest, the JSON file recording it) for ``path``, or None when no file beside it records one."""
+    path = Path(path)
+    for meta in _records(path):
+        digests = _load_json(meta).get("sha256")
+        if isinstance(digests, dict) and isinstance(digests.get(path.name), str):
+            return digests[path.name], meta
+    return None
+
+
+def checked(path: str | Path) -> Path:
+    """``path``, once its bytes are known to have the sha256 recorded beside it.
+
+    ValueError naming the file and both digests when they differ (the table was edited after it was
+    recorded), and for a committed file (:func:`is_committed`) with no recorded digest. A file outside
+    ``data/`` with no record beside it (a user's own table) is returned unchecked.
+    """
+    path = Path(path)
+    rec = recorded(path)
+    if rec is None:
+        if is_committed(path) and path.is_file():
+            raise ValueError(f"{_rel(path)}: no sha256 is recorded for this committed file (a \"sha256\" entry in "
+                             f"a JSON file beside it); record it with: python -m kvcost.provenance record {_rel(path)}")
+        return path
+    want, meta = rec
+    if not path.is_file():
+        raise ValueError(f"{_rel(path)}: missing (its sha256 is recorded in {_rel(meta)})")
+    got = _digest(path)
+    if got != want:
+        raise ValueError(f"{_rel(path)}: sha256 {got} is not the {want} recorded in {_rel(meta)}: the file changed "
+                         f"after it was recorded; restore it (git checkout -- {_rel(path)}) or rerun what made it")
+    return path
+
+
+def record(path: str | Path, meta: str | Path | None = None) -> Path:
+    """Record ``path``'s current sha256 (in the JSON file that records it already, else ``meta``, else
+    ``<stem>.json`` beside it when that exists, else the folder's ``provenance.json``); returns that file.
+    The JSON keeps its layout (sorted keys, one-space indent) and is replaced atomically."""
+    path = Path(path)
+    rec = recorded(path)
+    if rec is not None:
+        target = rec[1]
+    elif meta is not None:
+        target = Path(meta)
+    else:
+        own = path.with_suffix(".json")
+        target = own if own.is_file() and own != path else path.parent / DIGESTS_FILE
+    text = target.read_text(encoding="utf-8") if target.is_file() else "{}"
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{_rel(target)}: not a JSON object, cannot record a sha256 in it")
+    digests = data.setdefault("sha256", {})
+    digests[path.name] = sha256(path)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=text.isascii()) + "\n", encoding="utf-8")
+    os.replace(tmp, target)
+    return target
 
 
 def versions(packages: Sequence[str] = ("numpy", "pandas", "ml_dtypes", "numba", "kvcost"),
@@ -58,7 +170,7 @@ def finished_keys(path: str | Path, key: Sequence[tuple[str, Callable[[str], obj
     path = Path(path)
     if not path.is_file():
         return set()
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(checked(path), newline="", encoding="utf-8") as f:
         return {tuple(conv(r[col]) for col, conv in key) for r in csv.DictReader(f)}
 
 
@@ -67,18 +179,57 @@ def appending(path: str | Path, fields: Sequence[str]) -> Iterator[Callable[[dic
     """``write(row)`` appending rows to the CSV ``path`` (header first when the file is new).
 
     Each row is flushed as it is written, so an interrupted run loses at most the row in progress
-    and resumes from :func:`finished_keys`.
+    and resumes from :func:`finished_keys`. A file with a recorded sha256 (a committed table) is
+    checked before anything is appended, and its new digest is recorded after each row.
     """
     path = Path(path)
     new = not path.is_file()
+    if not new:
+        checked(path)
+    tracked = is_committed(path) or recorded(path) is not None
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(fields))
         if new:
             writer.writeheader()
+            fh.flush()
+            if tracked:
+                record(path)
 
         def write(row: dict) -> None:
             writer.writerow(row)
             fh.flush()
+            if tracked or recorded(path) is not None:     # a record made meanwhile (sweep publish) counts too
+                record(path)
 
         yield write
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m kvcost.provenance check|record PATH...``: check files against their recorded sha256,
+    or record their current one (after a deliberate edit of a committed table)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or args[0] not in ("check", "record"):
+        print("usage: python -m kvcost.provenance check|record PATH...", file=sys.stderr)
+        return 2
+    code = 0
+    for name in args[1:]:
+        path = Path(name)
+        if not path.is_file():
+            print(f"error: {name}: no such file", file=sys.stderr)
+            code = 2
+            continue
+        try:
+            if args[0] == "record":
+                print(f"{_rel(path)}: sha256 {sha256(path)} recorded in {_rel(record(path))}")
+            else:
+                checked(path)
+                print(f"{_rel(path)}: ok")
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            code = 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .output import repo_root
+from .provenance import checked
 
 __all__ = [
     "DEFAULT_PATH", "RealKV", "as4d", "channel_heatmap", "channel_outlier_table", "channel_ratio", "channel_rms",
@@ -145,7 +146,7 @@ def load_real_kv(path: str | Path | None = None) -> RealKV:
     if not p.is_file():
         raise ValueError(f"parameter 'path': no real-K/V file at {p.name!r} "
                          "(regenerate it with `make real-kv`)")
-    with np.load(p, allow_pickle=False) as z:
+    with np.load(checked(p), allow_pickle=False) as z:
         missing = [n for n in (*_ARRAYS, "meta") if n not in z.files]
         if missing:
             raise ValueError(f"parameter 'path': {p.name!r} lacks arrays {missing}")

@@ -7,6 +7,7 @@ import pandas as pd
 
 from .. import stats
 from ..output import repo_root
+from ..provenance import checked
 from .report import Check, value_check
 
 __all__ = ["beyond_flat_checks", "load_published"]
@@ -14,7 +15,7 @@ __all__ = ["beyond_flat_checks", "load_published"]
 
 def load_published() -> pd.DataFrame:
     """``data/accumulation_published.csv``: published accumulation figures with citations."""
-    return pd.read_csv(repo_root() / "data" / "accumulation_published.csv")
+    return pd.read_csv(checked(repo_root() / "data" / "accumulation_published.csv"))
 
 
 def beyond_flat_checks(sweep: pd.DataFrame, flush: pd.DataFrame, deepseek: pd.DataFrame,

@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..experiments import realmodel as tables
 from ..output import repo_root
+from ..provenance import checked
 from .report import Check
 
 __all__ = ["MATCH_REL", "ROTATION_MOST", "layout_check", "llamacpp_checks", "load_claims", "readings",
@@ -27,7 +28,7 @@ ROTATION_MOST = 0.5
 
 def load_claims(root: Path | None = None) -> pd.DataFrame:
     """The published claims, indexed by ``claim``."""
-    return pd.read_csv((root or repo_root()) / tables.DATA / "published_claims.csv").set_index("claim")
+    return pd.read_csv(checked((root or repo_root()) / tables.DATA / "published_claims.csv")).set_index("claim")
 
 
 def _row(table: pd.DataFrame, context: int, fmt: str) -> pd.Series | None:
@@ -193,7 +194,8 @@ def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bit
     col = tables.collapse_table(table, full_bits)
     if col.empty:
         return None
-    pub = pd.read_csv((root or repo_root()) / "data" / "accumulation_published.csv").set_index("quantity")["value"]
+    pub = pd.read_csv(checked((root or repo_root()) / "data" / "accumulation_published.csv"))
+    pub = pub.set_index("quantity")["value"]
     published = (f"{pub['niah_bf16']:.0%} → {pub['niah_fp8_tensor_core_accumulation']:.0%} at 128k "
                  f"(x = 131072·2^-13 = {131072 / 2 ** 13:g})")
     claim = "vLLM: FP8 attention's 13-bit register loses the needle at 128k"

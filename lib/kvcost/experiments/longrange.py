@@ -17,7 +17,6 @@ within a factor 2 of the exact one.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -26,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .. import realkv, stats
-from ..numerics import fa3, tensorcore
+from .. import fa3, realkv, stats, tensorcore
 from ..output import repo_root
+from ..provenance import checked
 
 __all__ = [
     "SOURCES",
@@ -164,7 +163,7 @@ def load_profiles(source: str) -> list[HeadProfile]:
     kv = realkv.load_real_kv(kv_path)
     if q_path is None:
         return head_profiles(kv)
-    return decoder_profiles(kv, pd.read_csv(repo_root() / q_path))
+    return decoder_profiles(kv, pd.read_csv(checked(repo_root() / q_path)))
 
 
 def pick_profiles(profiles: Sequence[HeadProfile], count: int) -> list[HeadProfile]:
@@ -330,10 +329,7 @@ def committed_needle(expect: dict[str, object], folder: str = NEEDLE_DIR) -> tup
     is not the one in provenance.json raises ValueError naming the file."""
     root = repo_root() / folder
     prov = json.loads((root / "provenance.json").read_text())
-    csv = root / "needle.csv"
-    digest = hashlib.sha256(csv.read_bytes()).hexdigest()
-    if digest != prov["needle_csv_sha256"]:
-        raise ValueError(f"{folder}/needle.csv: sha256 {digest} is not provenance.json's {prov['needle_csv_sha256']}")
+    csv = checked(root / "needle.csv")      # its sha256 against provenance.json's record
     have = prov["parameters"]
     if any(k in expect and have[k] != expect[k] for k in _NEEDLE_KEYS):
         return None

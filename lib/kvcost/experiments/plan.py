@@ -3,7 +3,6 @@ needle measured in each K/V storage format at each planned context (measured onc
 into ``data/plan_needle/`` by ``scripts/plan_needle.py``; the notebook reads it and recomputes a slice)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ import pandas as pd
 
 from .. import fleet, quant, realkv, stats, vllm
 from ..models import load_model
+from ..provenance import checked
 from ..storage.spec import CacheSpec, parse_spec
 from ..units import GIB
 from . import longrange
@@ -80,11 +80,7 @@ def committed_needle(folder: str | Path | None = None, needle_weight: float | No
     differ from the ones it was measured with."""
     folder = Path(folder) if folder is not None else NEEDLE_DIR
     prov = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
-    path = folder / "needle.csv"
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != prov["needle_csv_sha256"]:
-        raise ValueError(f"{path}: sha256 {digest} is not the {prov['needle_csv_sha256']} recorded in "
-                         f"provenance.json; rerun scripts/plan_needle.py rather than editing the table")
+    path = checked(folder / "needle.csv")   # its sha256 against provenance.json's record
     used = prov["parameters"]
     for name, value in (("needle_weight", needle_weight), ("seed", seed)):
         if value is not None and value != used[name]:

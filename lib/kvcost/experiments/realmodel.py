@@ -26,6 +26,7 @@ import pandas as pd
 
 from .. import realkv, realmodel, stats
 from ..output import repo_root
+from ..provenance import checked
 
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
            "fast_vs_faithful_summary", "format_table", "head_summary", "layout_comparison", "live_slice",
@@ -59,7 +60,7 @@ def load_windows(name: str = "ppl_windows.csv", root: Path | None = None) -> pd.
     p = _path(name, root)
     if not p.is_file():
         raise ValueError(f"parameter 'name': no results file {name!r} in {DATA}")
-    df = pd.read_csv(p)
+    df = pd.read_csv(checked(p))
     need = {"context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32"}
     if not need <= set(df.columns):
         raise ValueError(f"parameter 'name': {name!r} lacks columns {sorted(need - set(df.columns))}")
