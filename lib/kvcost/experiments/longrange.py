@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .. import fa3, realkv, stats, tensorcore
+from .. import realkv, stats
+from ..numerics import fa3, tensorcore
 from ..output import repo_root
 from ..provenance import checked
 
