@@ -18,8 +18,27 @@ from .output import FIGURE_DIR, FIGURE_DIR_ENV, repo_root, resolve_out_dir
 __all__ = [
     "check_int", "check_float", "check_choice", "check_int_list", "check_pairs", "check_str_list",
     "Int", "Float", "Bool", "Str", "PathStr", "IntList", "FloatList", "StrList", "Pairs", "Custom",
-    "Schema", "Params",
+    "Schema", "Params", "clip", "shorten",
 ]
+
+#: The longest value an error message quotes in full (a 500 MB value must not make a 500 MB message).
+SHORT = 80
+
+
+def shorten(value: Any, limit: int = SHORT) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters with the length said."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<a {type(value).__name__} nested too deeply>"
+    return clip(text, limit)
+
+
+def clip(text: str, limit: int = SHORT) -> str:
+    """``text`` for a message, cut to about ``limit`` characters with its length said."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:max(limit - 24, 8)]}… ({len(text):,} characters)"
 
 
 def _is_int(value: Any) -> bool:
@@ -39,9 +58,9 @@ def _range_text(lo: float | None, hi: float | None) -> str:
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
     """Return ``value`` as an int, or raise ValueError naming ``name`` and the allowed range."""
     if not _is_int(value):
-        raise ValueError(f"parameter {name!r} must be an integer {_range_text(lo, hi)}, got {value!r}")
+        raise ValueError(f"parameter {name!r} must be an integer {_range_text(lo, hi)}, got {shorten(value)}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ValueError(f"parameter {name!r} must be an integer {_range_text(lo, hi)}, got {value!r}")
+        raise ValueError(f"parameter {name!r} must be an integer {_range_text(lo, hi)}, got {shorten(value)}")
     return int(value)
 
 
@@ -58,7 +77,7 @@ def check_float(name: str, value: Any, lo: float | None = None, hi: float | None
             ok = v <= hi
     if not ok:
         rng = f"> {lo}" if (lo_open and hi is None) else _range_text(lo, hi)
-        raise ValueError(f"parameter {name!r} must be a finite number {rng}, got {value!r}")
+        raise ValueError(f"parameter {name!r} must be a finite number {rng}, got {shorten(value)}")
     return float(value)
 
 
@@ -66,7 +85,7 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """Return ``value`` if it is one of ``choices``."""
     choices = list(choices)
     if value not in choices:
-        raise ValueError(f"parameter {name!r} must be one of {choices}, got {value!r}")
+        raise ValueError(f"parameter {name!r} must be one of {choices}, got {shorten(value)}")
     return value
 
 
@@ -75,7 +94,7 @@ def check_int_list(name: str, value: Any, lo: int | None = None, hi: int | None 
     """Return ``value`` as a list of ints, each within range; a list or tuple is required."""
     if not isinstance(value, (list, tuple)) or len(value) < min_len:
         raise ValueError(f"parameter {name!r} must be a list of at least {min_len} integer(s) "
-                         f"{_range_text(lo, hi)}, got {value!r}")
+                         f"{_range_text(lo, hi)}, got {shorten(value)}")
     out = []
     for i, item in enumerate(value):
         try:
@@ -89,11 +108,11 @@ def check_str_list(name: str, value: Any, allowed: Sequence[str] | None = None,
                    min_len: int = 1) -> list[str]:
     """Return ``value`` as a list of strings, each in ``allowed`` when given."""
     if not isinstance(value, (list, tuple)) or len(value) < min_len or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"parameter {name!r} must be a list of at least {min_len} string(s), got {value!r}")
+        raise ValueError(f"parameter {name!r} must be a list of at least {min_len} string(s), got {shorten(value)}")
     if allowed is not None:
         unknown = [v for v in value if v not in allowed]
         if unknown:
-            raise ValueError(f"parameter {name!r}: unknown {unknown}; allowed: {list(allowed)}")
+            raise ValueError(f"parameter {name!r}: unknown {shorten(unknown)}; allowed: {list(allowed)}")
     return list(value)
 
 
@@ -102,7 +121,7 @@ def check_pairs(name: str, value: Any, lo: int | None = None, hi: int | None = N
     if not isinstance(value, (list, tuple)) or not value or not all(
             isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
         raise ValueError(f"parameter {name!r} must be a non-empty list of [k, v] integer pairs "
-                         f"{_range_text(lo, hi)}, e.g. [[8, 8], [4, 4]]; got {value!r}")
+                         f"{_range_text(lo, hi)}, e.g. [[8, 8], [4, 4]]; got {shorten(value)}")
     return [(check_int(f"{name}[{i}][0]", k, lo, hi), check_int(f"{name}[{i}][1]", v, lo, hi))
             for i, (k, v) in enumerate(value)]
 
@@ -179,7 +198,7 @@ class Float(_Param):
 class Bool(_Param):
     def check(self, value: Any) -> bool:
         if not isinstance(value, bool):
-            raise ValueError(f"parameter {self.name!r} must be True or False, got {value!r}")
+            raise ValueError(f"parameter {self.name!r} must be True or False, got {shorten(value)}")
         return value
 
     def allowed(self) -> str:
@@ -196,7 +215,7 @@ class Str(_Param):
         if allowed is not None:
             return check_choice(self.name, value, allowed)
         if not isinstance(value, str):
-            raise ValueError(f"parameter {self.name!r} must be a string, got {value!r}")
+            raise ValueError(f"parameter {self.name!r} must be a string, got {shorten(value)}")
         return value
 
     def allowed(self) -> str:
@@ -233,7 +252,7 @@ class FloatList(_Param):
     def check(self, value: Any) -> list[float]:
         if not isinstance(value, (list, tuple)) or len(value) < self.min_len:
             raise ValueError(f"parameter {self.name!r} must be a list of at least {self.min_len} number(s), "
-                             f"got {value!r}")
+                             f"got {shorten(value)}")
         return [check_float(f"{self.name}[{i}]", v, self.lo, self.hi, lo_open=self.lo_open)
                 for i, v in enumerate(value)]
 
@@ -364,9 +383,9 @@ class Schema:
 
     def check_unknown(self, names: Iterable[str]) -> None:
         """Raise ValueError naming any parameter this notebook does not declare."""
-        unknown = sorted(set(names) - set(self.names))
+        unknown = sorted({n for n in names if n not in self.names}, key=str)
         if unknown:
-            raise ValueError(f"unknown parameter(s) {unknown} for notebook {self.stem!r}; "
+            raise ValueError(f"unknown parameter(s) {shorten(unknown, 200)} for notebook {self.stem!r}; "
                              f"its parameters are {self.names}")
 
     def validate(self, values: Mapping[str, Any]) -> Params:

@@ -5,8 +5,11 @@ number (``03``), stem (``03_needle_cliff``) or path. Values are YAML: ``-p margi
 ``-p bits '[8, 3]'``, ``-p include_special false``. ``-y`` takes a YAML file (or a YAML
 mapping as text) of parameters; ``-p`` wins over it. Every parameter is checked against
 the notebook's schema before the run starts. Tables, figures, the executed notebook,
-``run.log`` and ``run.json`` go to ``--out`` (default ``results/runs/<stem>/<name=value>``);
-``figures/`` is never touched.
+``run.log`` and ``run.json`` go to ``--out`` (default ``results/runs/<stem>/<name=value>``):
+a new or empty folder, or one holding an earlier run (its ``run.json``), never inside the
+repository's own folders (``data/``, ``notebooks/``, ``figures/`` …); one run at a time per folder.
+Values are read as papermill reads them (``017`` is 17, ``2001-01-01`` is text); a key given twice
+is refused. Bad input: one ``error:`` line, exit 2.
 """
 from __future__ import annotations
 
@@ -16,21 +19,46 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .output import repo_root
-from .runner import LOG_FILE, check_params, default_out, notebook_path, parse_value, run_in_child, terminate_children
+from .params import shorten
+from .runner import (
+    LOG_FILE,
+    check_out,
+    check_params,
+    clean_leftovers,
+    default_out,
+    folder_lock,
+    load_yaml,
+    notebook_path,
+    parse_value,
+    run_in_child,
+    terminate_children,
+)
 
 __all__ = ["main", "parse_args"]
 
 
 def _load_yaml(text: str) -> dict[str, Any]:
+    """``-y``: a YAML file, or a YAML mapping given as text."""
     path = Path(text)
-    data = yaml.safe_load(path.read_text() if path.is_file() else text)
+    shown = shorten(text)
+    try:
+        is_file, is_dir = path.is_file(), path.is_dir()
+    except (OSError, ValueError):          # far too long for a file name: YAML text
+        is_file = is_dir = False
+    if is_file:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"-y {shown}: cannot read the file: {type(err).__name__}: {err}") from None
+    elif path.suffix in (".yaml", ".yml", ".json") or is_dir or ("\n" not in text and "/" in text
+                                                                           and ":" not in text):
+        raise ValueError(f"-y {shown}: no such file (give a YAML file, or a mapping as text: -y '{{margin: 1.0}}')")
+    data = load_yaml(text, f"-y {shown}")
     if data is None:
         return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"-y {text!r} must be a YAML mapping of parameter names to values")
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise ValueError(f"-y {shown} must be a YAML mapping of parameter names to values, e.g. -y '{{margin: 1.0}}'")
     return data
 
 
@@ -51,13 +79,17 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, dict[str, Any],
     params: dict[str, Any] = {}
     for text in args.yaml:
         params.update(_load_yaml(text))
+    given: set[str] = set()
     for name, value in args.parameter:
-        params[name] = parse_value(value)
-    out = Path(args.out) if args.out else default_out(nb.stem, params)
-    out = out if out.is_absolute() else repo_root() / out
-    if out.resolve() in {(repo_root() / "figures").resolve(), repo_root().resolve()}:
-        raise ValueError(f"--out {args.out!r}: a run's folder cannot be figures/ or the repository root")
+        if name in given:
+            raise ValueError(f"-p {shorten(name)} is given twice; give each parameter once")
+        given.add(name)
+        try:
+            params[name] = parse_value(value)
+        except ValueError as err:
+            raise ValueError(f"-p {shorten(name)}: {err} (lists are written [8, 3], text 'like this')") from None
     check_params(nb.stem, params)
+    out = check_out(args.out if args.out else default_out(nb.stem, params))
     return nb, params, out, args.kernel
 
 
@@ -69,9 +101,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     shown = " ".join(f"{k}={v}" for k, v in params.items()) or "default parameters"
     where = out.relative_to(repo_root()) if out.is_relative_to(repo_root()) else out
-    print(f"{nb.stem} ({shown}) -> {where}/  (log: {where}/{LOG_FILE})", flush=True)
     try:
-        result = run_in_child(nb, params, out, kernel=kernel)
+        with folder_lock(out, "python -m kvcost.run"):
+            clean_leftovers(out)
+            print(f"{nb.stem} ({shown}) -> {where}/  (log: {where}/{LOG_FILE})", flush=True)
+            result = run_in_child(nb, params, out, kernel=kernel)
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         terminate_children()
         print(f"interrupted: {nb.stem} did not finish and wrote no table; run the same command again",

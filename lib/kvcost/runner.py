@@ -9,6 +9,13 @@ leaves half a file. Figures always go to the run's folder (``KVCOST_FIGURE_DIR``
 to ``figures/``. ``run.json`` records the outcome, the time taken and the kernel's peak
 memory. The README (sections on re-running and sweeps) shows the layout.
 
+Every run is pinned to one BLAS / OpenMP / numba thread (:data:`THREADS`, recorded in
+``run.json``): a sum's order, and so its last bits, would otherwise depend on the machine's
+core count. A run's folder is checked first (:func:`check_out`: never inside the repository's
+own folders, never a folder that holds something else) and held by one process at a time
+(:func:`folder_lock`); the staging folder is named per process, and what a killed run left
+behind (its staging folder, its ``kvcost-run-*`` temporary folder) is removed on the next start.
+
 A sweep may also run a script (:func:`run_script`): the same folder, log, ``run.json`` and
 peak memory, with the run's parameters passed as flags (:func:`script_argv`) and ``--out``
 naming the CSV it writes in the staging folder.
@@ -16,6 +23,7 @@ naming the CSV it writes in the staging folder.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -29,11 +37,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import papermill as pm
 import psutil
@@ -42,15 +50,24 @@ from papermill.exceptions import PapermillExecutionError
 
 from . import __version__, notebook_params
 from .output import FIGURE_DIR_ENV, repo_root
+from .params import shorten
 from .units import MIB
 
 __all__ = [
     "LOG_FILE",
+    "PROTECTED",
     "RESULT_FILE",
+    "THREADS",
     "RunResult",
     "allow_runs",
     "atomic_write",
+    "check_out",
     "check_params",
+    "clean_leftovers",
+    "folder_lock",
+    "inside",
+    "is_run_folder",
+    "load_yaml",
     "default_out",
     "execute_run",
     "notebook_path",
@@ -66,8 +83,60 @@ __all__ = [
 
 RESULT_FILE = "run.json"   # written last: its presence with status "finished" means the run is complete
 LOG_FILE = "run.log"
-STAGING = ".partial"
-_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+STAGING = ".partial"      # a run's staging folder: .partial-<pid> (one per process)
+TEMP_PREFIX = "kvcost-run-"
+#: The repository's own folders: a run's --out is never one of them or inside one.
+PROTECTED = ("data", "notebooks", "lib", "tests", "figures", "scripts", "sweeps", "docs", ".git", ".venv")
+#: Threads of every BLAS / OpenMP / numba pool in a run (its kernel or script inherits them).
+THREADS = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                                  "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")}
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML read as papermill reads a ``-p`` value and as YAML 1.2 does: decimal integers (``017`` is
+    17, not octal 15), floats with or without a dot (``1e-3``), ``true``/``false``, ``null``; no YAML 1.1
+    base-60 (``1:30`` stays text), octal, ``yes``/``on`` booleans or dates. A key given twice and an
+    alias (``*name``: nested aliases blow up exponentially) are refused."""
+
+    yaml_implicit_resolvers: ClassVar[dict] = {}     # only the resolvers below: no YAML 1.1 ones
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed", mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen: set = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                with contextlib.suppress(TypeError):
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(None, None, f"key {shorten(key)} is given twice",
+                                                                key_node.start_mark)
+                    seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+for _tag, _rx, _first in (
+        ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+        ("int", r"^[-+]?[0-9]+$", "-+0123456789"),
+        ("float", r"^(?:[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+                  r"|[-+]?\.?(?:inf|Inf|INF|infinity|Infinity)|\.?(?:nan|NaN|NAN))$", "-+.0123456789iInN"),
+        ("null", r"^(?:~|null|Null|NULL|None|)$", ["~", "n", "N", ""])):
+    _Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(_rx), list(_first))
+_Loader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: int(loader.construct_scalar(node), 10))
+
+
+def _float(loader: _Loader, node: Any) -> float:
+    text = loader.construct_scalar(node)
+    return float(text.replace(".", "", 1) if text.lstrip("+-")[:2].lower() in (".i", ".n") else text)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:float", _float)
+_Loader.add_constructor("tag:yaml.org,2002:null", lambda loader, node: None)
 
 
 @dataclass
@@ -85,6 +154,7 @@ class RunResult:
     host: str = ""
     kvcost_version: str = __version__
     files: list[str] = field(default_factory=list)
+    threads: dict[str, str] = field(default_factory=dict)   # the pinned thread counts (THREADS)
 
 
 # --------------------------------------------------------------------------- naming, keys, checks
@@ -93,7 +163,7 @@ def notebook_path(name: str | os.PathLike[str]) -> Path:
     """The notebook ``name`` names: a path, a stem (``03_needle_cliff``) or its number (``03``)."""
     text = str(name)
     path = Path(text)
-    if path.suffix == ".ipynb" and path.is_file():
+    if path.suffix == ".ipynb" and _is_file(path):
         return path.resolve()
     folder = repo_root() / "notebooks"
     stem = path.name.removesuffix(".ipynb")
@@ -105,7 +175,15 @@ def notebook_path(name: str | os.PathLike[str]) -> Path:
     matches = [nb for nb in found if nb.stem.split("_", 1)[0] == stem]
     if len(matches) == 1:
         return matches[0]
-    raise ValueError(f"unknown notebook {text!r}; notebooks: {[nb.stem for nb in found]}")
+    raise ValueError(f"unknown notebook {shorten(text)}; notebooks: {[nb.stem for nb in found]}")
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False for a name the system refuses (too long, a NUL byte)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def source_hash(nb: Path | str | bytes) -> str:
@@ -154,14 +232,26 @@ def script_argv(params: Mapping[str, Any]) -> list[str]:
     return argv
 
 
+def load_yaml(text: str, where: str = "YAML") -> Any:
+    """``text`` read as YAML the way :class:`_Loader` reads it; ValueError (one line, starting with
+    ``where``) for text that is not valid YAML, a key given twice, an alias or runaway nesting."""
+    try:
+        return yaml.load(text, Loader=_Loader)   # _Loader is a SafeLoader: no object construction
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{where}: not valid YAML: {problem}{at}") from None
+    except RecursionError:
+        raise ValueError(f"{where}: nested too deeply") from None
+
+
 def parse_value(text: str) -> Any:
-    """A ``-p NAME VALUE`` value: YAML (``1.0``, ``true``, ``[8, 3]``), numbers like ``1e-3`` too."""
+    """A ``-p NAME VALUE`` value: YAML (``1.0``, ``true``, ``[8, 3]``) read as papermill reads numbers
+    (``1e-3``, ``017`` = 17; ``2001-01-01`` and ``1:30`` stay text); ValueError for invalid YAML."""
     if text == "":
         return ""
-    value = yaml.safe_load(text)
-    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-        return float(value)
-    return value
+    return load_yaml(text, f"value {shorten(text)}")
 
 
 def _slug(params: Mapping[str, Any]) -> str:
@@ -182,6 +272,128 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     tmp.write_bytes(data.encode() if isinstance(data, str) else data)
     os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- where a run may write
+
+def is_run_folder(folder: Path) -> bool:
+    """True when ``folder`` holds a previous run of ``python -m kvcost.run``: its ``run.json``, or only
+    the ``run.log`` (and staging folder) of a run that was interrupted before it wrote one."""
+    try:
+        rec = json.loads((Path(folder) / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        names = [p.name for p in Path(folder).iterdir()]
+        return LOG_FILE in names and all(n == LOG_FILE or n.startswith(STAGING) for n in names)
+    return isinstance(rec, dict) and {"notebook", "key", "status"} <= set(rec)
+
+
+def check_out(out: str | os.PathLike[str], *, flag: str = "--out",
+              previous: Callable[[Path], bool] = is_run_folder, what: str = "run") -> Path:
+    """``out`` resolved, once it is known to be a safe place for a run's files; ValueError naming
+    ``flag`` otherwise. Refused: the filesystem root, the repository root or a folder above it,
+    anything inside the repository's own folders (:data:`PROTECTED`), a path that is not a folder,
+    a folder that cannot be written, and a non-empty folder that ``previous`` does not recognise as
+    an earlier ``what`` of the same tool. Nothing is created here."""
+    text = shorten(str(out))
+    path = Path(out).expanduser()
+    path = (path if path.is_absolute() else repo_root() / path).resolve()
+    root = repo_root().resolve()
+    if path == Path(path.anchor):
+        raise ValueError(f"{flag} {text}: the filesystem root cannot hold a {what}; give a folder of its own "
+                         f"(default under results/)")
+    if root.is_relative_to(path):
+        raise ValueError(f"{flag} {text}: the repository root (or a folder above it) cannot hold a {what}; "
+                         f"give a folder of its own, e.g. under results/")
+    for name in PROTECTED:
+        if path.is_relative_to(root / name):
+            raise ValueError(f"{flag} {text}: inside the repository's {name}/, which a {what} never writes; "
+                             f"give a folder under results/ or outside the repository")
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{flag} {text}: exists and is not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {text}: the folder is not writable")
+        if any(path.iterdir()) and not previous(path):
+            raise ValueError(f"{flag} {text}: the folder is not empty and holds no earlier {what} of this tool; "
+                             f"give an empty or new folder")
+        return path
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {text}: cannot be created ({_relative(parent)} is not a writable folder)")
+    return path
+
+
+def inside(folder: Path, name: str) -> Path:
+    """``folder / name`` when ``name`` is a plain file name that stays in ``folder``; ValueError otherwise
+    (a name read from a file, such as ``tables.json``, must not reach outside the run's folder)."""
+    folder = Path(folder).resolve()
+    target = (folder / str(name)).resolve()
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..") or target.parent != folder:
+        raise ValueError(f"{shorten(name)}: not a file name inside {_relative(folder)}")
+    return target
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, what: str = "run") -> Iterator[None]:
+    """Hold ``folder`` (created) for this process alone while the block runs; ValueError at once when
+    another process holds it. The lock is the kernel's (flock on the folder): it goes with its
+    process, so a killed run never leaves a stale one."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(f"{_relative(folder)}: another {what} is writing there now; wait for it to finish "
+                         f"or give another --out") from None
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def _staging(out: Path) -> Path:
+    return Path(out) / f"{STAGING}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                # another user's process: alive
+        return True
+    return True
+
+
+def clean_leftovers(out: Path | None = None) -> list[Path]:
+    """Remove what killed runs left behind: ``out``'s staging folders (call it holding ``out``'s lock)
+    and this user's ``kvcost-run-<pid>-*`` temporary folders whose process is gone and that no run holds
+    (a run holds its own with :func:`folder_lock`). Returns what was removed."""
+    removed = []
+    if out is not None and Path(out).is_dir():
+        for stale in Path(out).glob(f"{STAGING}*"):
+            if stale.name == STAGING or stale.name.removeprefix(f"{STAGING}-").isdigit():
+                pid = stale.name.removeprefix(f"{STAGING}-")
+                if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)) and stale.is_dir():
+                    continue           # another live process's (it holds the folder): not ours to remove
+                shutil.rmtree(stale, ignore_errors=True)
+                removed.append(stale)
+    for tmp in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
+        pid = tmp.name.removeprefix(TEMP_PREFIX).split("-", 1)[0]
+        try:
+            if (not pid.isdigit() or _alive(int(pid)) or tmp.is_symlink() or not tmp.is_dir()
+                    or tmp.lstat().st_uid != os.getuid()):
+                continue
+            with folder_lock(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+        except (OSError, ValueError):      # gone meanwhile, or a live run holds it
+            continue
+    return removed
 
 
 # --------------------------------------------------------------------------- the run itself
@@ -239,6 +451,17 @@ def _finish(result: RunResult, peak_bytes: int, staging: Path, out: Path, what: 
     return result
 
 
+def _start(out: Path) -> Path:
+    """A run's first step in its process: the thread counts pinned (inherited by the kernel or the
+    script), hash seeds fixed, staging folders of killed runs removed, this process's made."""
+    os.environ.update(THREADS)
+    os.environ["PYTHONHASHSEED"] = "0"
+    clean_leftovers(out)
+    staging = _staging(out)
+    staging.mkdir(parents=True)
+    return staging
+
+
 def run_notebook(nb: Path, params: Mapping[str, Any], out: Path, *, kernel: str = "python3",
                  stem: str | None = None) -> RunResult:
     """Execute ``nb`` with ``params`` into folder ``out`` in this process (it should run nothing
@@ -246,12 +469,10 @@ def run_notebook(nb: Path, params: Mapping[str, Any], out: Path, *, kernel: str 
     written to ``out/run.json``. Parameters must already be checked."""
     stem = stem or nb.stem
     out = Path(out).resolve()
-    staging = out / STAGING
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    result = RunResult(stem, dict(params), run_key(source_hash(nb), params), "failed", host=os.uname().nodename)
+    staging = _start(out)
+    result = RunResult(stem, dict(params), run_key(source_hash(nb), params), "failed", host=os.uname().nodename,
+                       threads=dict(THREADS))
     os.environ[FIGURE_DIR_ENV] = str(staging)     # inherited by the kernel: figures stay in this run
-    os.environ["PYTHONHASHSEED"] = "0"
     start = time.perf_counter()
     try:
         with _PeakMemory() as mem:
@@ -281,10 +502,8 @@ def run_script(script: Path, params: Mapping[str, Any], out: Path, *, table: str
     log), its files renamed into ``out`` only when it exits with 0, ``run.json`` last."""
     stem = stem or script.stem
     out = Path(out).resolve()
-    staging = out / STAGING
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    result = RunResult(stem, dict(params), key, "failed", host=os.uname().nodename)
+    staging = _start(out)
+    result = RunResult(stem, dict(params), key, "failed", host=os.uname().nodename, threads=dict(THREADS))
     cmd = [sys.executable, str(script), *script_argv(params), "--out", str(staging / table)]
     print("$ " + " ".join(cmd[1:]), flush=True)
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
@@ -350,7 +569,7 @@ def run_in_child(nb: Path, params: Mapping[str, Any], out: Path, *, kernel: str 
             return RunResult(spec["stem"], dict(params), "", "interrupted", error="not started")
         proc = subprocess.Popen([sys.executable, "-m", "kvcost.runner", json.dumps(spec)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, **THREADS, "PYTHONHASHSEED": "0"})
         _CHILDREN.add(proc)
     try:
         code = proc.wait()
@@ -387,13 +606,18 @@ def execute_run(task: Mapping[str, Any]) -> dict[str, Any]:
         return {"result": asdict(RunResult(task["stem"], dict(task["params"]), "", "failed", error=error,
                                            host=os.uname().nodename)), "files": {}}
     table = task.get("table")
-    with tempfile.TemporaryDirectory(prefix="kvcost-run-") as tmp:
-        nb = Path(tmp) / f"{task['stem']}{'.py' if table else '.ipynb'}"
-        nb.write_text(task["source"])
-        out = Path(tmp) / "run"
-        result = run_in_child(nb, task["params"], out, kernel=task.get("kernel", "python3"), stem=task["stem"],
-                              table=table, key=task.get("key", ""))
-        files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and p.name != RESULT_FILE}
+    clean_leftovers()
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
+    try:
+        with folder_lock(tmp):        # marks it in use: clean_leftovers elsewhere leaves it alone
+            nb = tmp / f"{task['stem']}{'.py' if table else '.ipynb'}"
+            nb.write_text(task["source"])
+            out = tmp / "run"
+            result = run_in_child(nb, task["params"], out, kernel=task.get("kernel", "python3"), stem=task["stem"],
+                                  table=table, key=task.get("key", ""))
+            files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and p.name != RESULT_FILE}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return {"result": asdict(result), "files": files}
 
 
@@ -407,7 +631,7 @@ def _child_main(spec_json: str) -> int:
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 child.kill()
-        shutil.rmtree(Path(spec["out"]) / STAGING, ignore_errors=True)   # nothing half-written stays
+        shutil.rmtree(_staging(Path(spec["out"])), ignore_errors=True)   # nothing half-written stays
         os._exit(128 + signal.SIGTERM)
 
     def orphan_watch() -> None:    # the caller died (a Dask worker closed): do not run on alone
