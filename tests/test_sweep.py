@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import sweep_toys
+from kvcost import provenance, sweep
 from kvcost import runner as sweep_runner
-from kvcost import sweep
 from kvcost.sweep import cli, store
 
 
@@ -241,7 +241,13 @@ def test_list_shows_runs_and_estimates(capsys):
 
 def script_sweep(folder, grid, extra="", name="toy_script_sweep"):
     sweep_toys.write_script(folder)
-    return sweep.load(write_sweep(folder, f"script: toy_script.py\ntable: toy_rows.csv\n{extra}{grid}\n", name=name))
+    return load_trusting(write_sweep(folder, f"script: toy_script.py\ntable: toy_rows.csv\n{extra}{grid}\n", name=name))
+
+
+def load_trusting(path):
+    """A sweep whose script lies next to it (outside scripts/): named, as --script PATH names it."""
+    folder = Path(path).parent
+    return sweep.load(path, scripts=[folder / "toy_script.py", folder / "no_parser.py"])
 
 
 def test_script_sweep_flags_are_checked_by_the_scripts_parser_before_anything_runs(tmp_path):
@@ -259,13 +265,13 @@ def test_script_sweep_flags_are_checked_by_the_scripts_parser_before_anything_ru
     with pytest.raises(ValueError, match="exactly one of 'notebook' or 'script'"):
         sweep.load(write_sweep(tmp_path, "script: toy_script.py\nnotebook: 01\n"))
     with pytest.raises(ValueError, match="'table' must be a CSV file name"):
-        sweep.load(write_sweep(tmp_path, "script: toy_script.py\ntable: a/b.csv\n"))
+        load_trusting(write_sweep(tmp_path, "script: toy_script.py\ntable: a/b.csv\n"))
     (tmp_path / "no_parser.py").write_text("print('hi')\n")
     with pytest.raises(ValueError, match="defines no parse_args"):
-        sweep.load(write_sweep(tmp_path, "script: no_parser.py\n"))
+        load_trusting(write_sweep(tmp_path, "script: no_parser.py\n"))
     key = s.runs[0].key
     (tmp_path / "toy_script.py").write_text(sweep_toys.SCRIPT.replace("toy script", "toy script!"))
-    assert sweep.load(s.path).runs[0].key != key                     # the script's text is in the key
+    assert load_trusting(s.path).runs[0].key != key                     # the script's text is in the key
 
 
 def test_script_sweep_runs_resumes_records_failures_and_gathers_tables(tmp_path):
@@ -322,14 +328,15 @@ def test_publish_appends_new_rows_to_the_committed_file_and_keeps_existing_ones(
     assert s.publish == dest and s.publish_key == ["x"]
     out = tmp_path / "out"
     sweep.run_sweep(s, out, progress=False)
-    with open(dest, "a") as writer:                               # a script still appending to the file
+    with provenance.appending(dest, ["x", "scaled", "loud"]) as write:   # a script still appending to the file
         assert store.publish(s, out)[1:] == (1, 1)                # run 2 failed: not published
-        writer.write("7,7.0,0\n")
+        write({"x": 7, "scaled": 7.0, "loud": 0})
     assert dest.read_text() == "x,scaled,loud\n2,99.0,0\n1,1.0,0\n7,7.0,0\n"    # nothing lost
+    assert provenance.checked(dest) == dest                       # the digest recorded after each append
     assert store.publish(s, out)[1:] == (0, 2)                    # again: nothing new
     dest.unlink()
     assert store.publish(s, out)[1:] == (2, 0) and dest.read_text() == "x,scaled,loud\n1,1.0,0\n2,2.0,0\n"
-    assert cli.main(["publish", str(s.path), "--out", str(out)]) == 0
+    assert cli.main(["publish", str(s.path), "--out", str(out)]) == 0     # publish never imports the script
     with pytest.raises(ValueError, match="'publish' is for script sweeps"):
         sweep.load(write_sweep(tmp_path, "notebook: 01\npublish: {path: a.csv, key: [x]}\n", name="nb"))
     with pytest.raises(ValueError, match="inside the repository"):

@@ -1,21 +1,36 @@
 """``python -m kvcost.sweep list | run NAME_OR_PATH | status NAME_OR_PATH | publish NAME_OR_PATH``
-(``make sweep``)."""
+(``make sweep``).
+
+``list``, ``status`` and ``publish`` never import a sweep's script; ``run`` does (its ``parse_args``
+checks every run's flags first), and only for a script in the repository's ``scripts/`` or one named
+with ``--script PATH``. ``--out`` must be new, empty or this sweep's earlier folder, and outside the
+repository's own folders. Bad input: one ``error:`` line, exit 2."""
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from ..output import repo_root
-from ..runner import LOG_FILE
+from ..params import shorten
+from ..runner import LOG_FILE, check_out
 from .execute import Outcome, run_sweep
 from .spec import Sweep, available, describe, load
-from .store import publish, record, run_dir, seconds_per_run, state
+from .store import is_sweep_folder, publish, record, run_dir, seconds_per_run, state
 
 __all__ = ["duration", "main"]
+
+_SCHEDULER = re.compile(r"(tcp|tls|ucx|ws|wss|inproc)://\S+")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:                 # one line, exit 2
+        self.exit(2, f"error: {message}\n")
 
 
 def duration(seconds: float) -> str:
@@ -44,7 +59,7 @@ def _list() -> int:
     rows = []
     for path in available():
         try:
-            sweep = load(path)
+            sweep = load(path, check_scripts=False)
         except ValueError as err:
             rows.append((path.stem, "?", "?", "?", f"INVALID: {err}"))
             continue
@@ -96,9 +111,9 @@ def _report(sweep: Sweep, out: Path, outcome: Outcome, resume: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m kvcost.sweep",
-                                     description="Parameter sweeps over the notebooks (YAML files in sweeps/).")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="python -m kvcost.sweep",
+                     description="Parameter sweeps over the notebooks (YAML files in sweeps/).")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="the predefined sweeps: runs, finished, estimated time")
     run_p = sub.add_parser("run", help="run a sweep's unfinished runs (finished runs are skipped)")
     status_p = sub.add_parser("status", help="each run of a sweep: finished, failed or not run")
@@ -114,18 +129,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_p.add_argument("--retry-failed", action="store_true", help="run again the runs that failed before")
     run_p.add_argument("--kernel", default="python3", help="Jupyter kernel (default python3)")
     run_p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
+    run_p.add_argument("--script", action="append", default=[], metavar="PATH",
+                       help="allow this script outside the repository's scripts/ to be imported and run")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:               # argparse has printed its usage and one error line
+        return 2 if exc.code else 0
     try:
         if args.command == "list":
             return _list()
-        sweep = load(args.sweep)
-        out = Path(args.out).resolve() if args.out else sweep.default_out()
+        sweep = load(args.sweep, scripts=args.script if args.command == "run" else (),
+                     check_scripts=args.command == "run")
+        if args.command == "run":
+            out = check_out(args.out or sweep.default_out(), what="sweep",
+                            previous=lambda folder: is_sweep_folder(folder, sweep.name))
+        else:
+            out = Path(args.out).resolve() if args.out else sweep.default_out()
         if args.command == "status":
             return _status(sweep, out)
         if args.command == "publish":
             dest, added, present = publish(sweep, out)
             print(f"{sweep.name}: {added} row(s) added to {_shown(dest)}, {present} already there")
             return 0
+        if args.jobs is not None and args.jobs < 1:
+            raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+        if args.scheduler is not None and args.scheduler != "local" and not _SCHEDULER.fullmatch(args.scheduler):
+            raise ValueError(f"--scheduler must be 'local' or a Dask scheduler address such as tcp://host:8786 or "
+                             f"tls://host:8786, got {shorten(args.scheduler)}")
         jobs = args.jobs or ((os.cpu_count() or 1) if args.scheduler == "local" else 1)
         print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.target} -> {_shown(out)}/", flush=True)
         outcome = run_sweep(sweep, out, jobs=jobs, scheduler=args.scheduler, retry_failed=args.retry_failed,
@@ -136,6 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (OSError, TimeoutError) as err:
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:       # something a sweep imported or ran tried to exit: one line, not its code
+        print(f"error: exited with code {exc.code!r} while loading or running the sweep", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted before any run started", file=sys.stderr)

@@ -20,9 +20,9 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import __version__
-from ..runner import allow_runs, execute_run, terminate_children
+from ..runner import allow_runs, execute_run, folder_lock, terminate_children
 from .spec import Run, Sweep
-from .store import combine, save_run, state
+from .store import clean_partial, combine, mark, save_run, state
 
 __all__ = ["Outcome", "pending", "run_sweep"]
 
@@ -128,11 +128,21 @@ def run_sweep(sweep: Sweep, out: Path | None = None, *, jobs: int = 1, scheduler
     recorded and retried only with ``retry_failed``. Ctrl-C stops the runs in flight; the
     combined tables are rebuilt from whatever finished in every case. ``on_result(run, result)``
     is called after each run is saved.
+
+    ``out`` is held by this call alone (ValueError at once if another sweep holds it: two at once
+    would run every run twice); what a killed sweep left half-written there is removed first.
     """
-    if jobs < 1:
-        raise ValueError(f"--jobs must be at least 1, got {jobs}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs must be an integer of at least 1, got {jobs!r}")
     out = Path(out) if out else sweep.default_out()
-    out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, "sweep"):
+        clean_partial(out)
+        mark(sweep, out)
+        return _run_locked(sweep, out, jobs, scheduler, retry_failed, kernel, progress, on_result)
+
+
+def _run_locked(sweep: Sweep, out: Path, jobs: int, scheduler: str | None, retry_failed: bool, kernel: str,
+                progress: bool, on_result: Callable[[Run, dict[str, Any]], None] | None) -> Outcome:
     todo, skipped, done = pending(sweep, out, retry_failed)
     outcome = Outcome(len(sweep.runs), done, failed_skipped=skipped)
     source = sweep.nb.read_text()

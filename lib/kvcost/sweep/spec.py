@@ -19,13 +19,18 @@ Optionally ``publish: {path: data/real_model/passkey.csv, key: [context, trial, 
 names the committed file the finished rows go into (``python -m kvcost.sweep publish``; rows whose
 key is there already are kept as they are).
 
+A script must live in the repository's ``scripts/`` folder; one elsewhere runs only when the
+command line names it (``--script PATH``: ``load(..., scripts=[PATH])``). Listing a sweep or its
+status never imports its script (``load(..., check_scripts=False)``).
+
 The script must define ``parse_args(argv)`` (argparse: it exits with a message on a bad flag),
 which the sweep calls on every run's flags before anything runs, and write its rows to the CSV
 named by ``--out`` (and any provenance beside it). The README's Sweeps section shows both kinds.
 
 Runs are numbered in grid order: the product's last key varies fastest, the zip innermost.
 Every run's parameters are checked against the notebook's schema (a script's parser) when the
-sweep loads.
+sweep loads. A sweep has at most :data:`MAX_RUNS` runs; YAML is read as ``python -m kvcost.run``
+reads it (no aliases, no key given twice, ``017`` is 17).
 """
 from __future__ import annotations
 
@@ -35,17 +40,20 @@ import importlib.util
 import io
 import itertools
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..output import repo_root
-from ..runner import check_params, notebook_path, run_key, script_argv, source_hash
+from ..params import clip, shorten
+from ..runner import check_params, load_yaml, notebook_path, run_key, script_argv, source_hash
 
-__all__ = ["Run", "Sweep", "available", "describe", "expand", "load", "sweeps_dir"]
+__all__ = ["MAX_RUNS", "Run", "Sweep", "available", "describe", "expand", "load", "sweeps_dir"]
+
+#: The most runs one sweep may have (checked before the grid is built).
+MAX_RUNS = 100_000
 
 _KEYS = {"notebook", "script", "table", "description", "params", "product", "zip", "seconds_per_run", "publish"}
 
@@ -109,7 +117,8 @@ def available() -> list[Path]:
 def describe(params: Mapping[str, Any], names: list[str] | None = None) -> str:
     """``name=value`` text for a run's (grid) parameters."""
     keys = names if names is not None else list(params)
-    return " ".join(f"{k}={json.dumps(params[k])}" for k in keys if k in params) or "(fixed parameters only)"
+    text = " ".join(f"{k}={json.dumps(params[k], default=str)}" for k in keys if k in params)
+    return clip(text, 200) or "(fixed parameters only)"
 
 
 def _mapping(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -125,11 +134,16 @@ def expand(fixed: Mapping[str, Any], product: Mapping[str, list[Any]], zipped: M
     for section, grid in (("product", product), ("zip", zipped)):
         for name, values in grid.items():
             if not isinstance(values, list) or not values:
-                raise ValueError(f"{where}: {section} '{name}' must be a non-empty list of values, got {values!r}")
+                raise ValueError(f"{where}: {section} '{name}' must be a non-empty list of values, "
+                                 f"got {shorten(values)}")
     lengths = {len(v) for v in zipped.values()}
     if len(lengths) > 1:
         raise ValueError(f"{where}: the zip lists must have the same length, got "
-                         f"{ {k: len(v) for k, v in zipped.items()} }")
+                         f"{shorten({k: len(v) for k, v in zipped.items()}, 200)}")
+    count = math.prod(len(v) for v in product.values()) * (lengths.pop() if lengths else 1)
+    if count > MAX_RUNS:
+        raise ValueError(f"{where}: the grid has {count:,} runs; a sweep may have at most {MAX_RUNS:,} "
+                         f"(split it into several sweeps)")
     seen: dict[str, str] = {}
     for section, names in (("params", fixed), ("product", product), ("zip", zipped)):
         for name in names:
@@ -141,37 +155,41 @@ def expand(fixed: Mapping[str, Any], product: Mapping[str, list[Any]], zipped: M
     return [{**fixed, **combo, **row} for combo in combos for row in rows]
 
 
-def load(name_or_path: str | Path) -> Sweep:
+def load(name_or_path: str | Path, *, scripts: Iterable[str | Path] = (), check_scripts: bool = True) -> Sweep:
     """Load and check a sweep: a name in ``sweeps/`` or a path to a YAML file.
 
     Raises ValueError naming the file, and for a bad value the run and the parameter,
-    before anything runs.
+    before anything runs. A script sweep's script must be in the repository's ``scripts/`` or be
+    one of ``scripts`` (paths the user named); its ``parse_args`` checks every run's flags, which
+    imports the script, unless ``check_scripts`` is False (``list``, ``status``, ``publish``: then the
+    script is neither imported nor required to be in ``scripts/``).
     """
     text = str(name_or_path)
     path = Path(text)
-    if not path.is_file():
+    if not _is_file(path):
         path = sweeps_dir() / f"{text.removesuffix('.yaml')}.yaml"
-        if not path.is_file():
+        if not _is_file(path):
             names = [p.stem for p in available()]
-            raise ValueError(f"unknown sweep {text!r}: not a file, and not one of {names}")
+            raise ValueError(f"unknown sweep {shorten(text)}: not a file, and not one of {names}")
     where = f"sweep {path.stem!r} ({path})"
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"{where}: not valid YAML: {err}") from None
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where}: cannot read the file: {type(err).__name__}") from None
+    data = load_yaml(source, where)
     if not isinstance(data, dict):
         raise ValueError(f"{where}: must be a YAML mapping with at least 'notebook'")
-    unknown = sorted(set(data) - _KEYS)
+    unknown = sorted(set(data) - _KEYS, key=str)
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; a sweep has 'notebook' or 'script' and optionally "
-                         f"{sorted(_KEYS - {'notebook', 'script'})}")
+        raise ValueError(f"{where}: unknown key(s) {shorten(unknown)}; a sweep has 'notebook' or 'script' and "
+                         f"optionally {sorted(_KEYS - {'notebook', 'script'})}")
     if ("notebook" in data) == ("script" in data):
         raise ValueError(f"{where}: name exactly one of 'notebook' or 'script'")
     if "script" in data:
-        nb = _script_path(data["script"], path, where)
+        nb = _script_path(data["script"], path, where, scripts if check_scripts else None)
         table = data.get("table") or f"{nb.stem}.csv"
         if not isinstance(table, str) or Path(table).name != table or not table.endswith(".csv"):
-            raise ValueError(f"{where}: 'table' must be a CSV file name (no folder), got {table!r}")
+            raise ValueError(f"{where}: 'table' must be a CSV file name (no folder), got {shorten(table)}")
     else:
         if "table" in data:
             raise ValueError(f"{where}: 'table' is for scripts; a notebook names its tables itself")
@@ -181,7 +199,7 @@ def load(name_or_path: str | Path) -> Sweep:
         table = ""
     seconds = data.get("seconds_per_run")
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0):
-        raise ValueError(f"{where}: 'seconds_per_run' must be a positive number, got {seconds!r}")
+        raise ValueError(f"{where}: 'seconds_per_run' must be a positive number, got {shorten(seconds)}")
     sweep = Sweep(path.stem, path.resolve(), nb, str(data.get("description") or ""),
                   _mapping(data, "params", where), _mapping(data, "product", where), _mapping(data, "zip", where),
                   seconds, table=table)
@@ -189,32 +207,51 @@ def load(name_or_path: str | Path) -> Sweep:
         sweep.publish, sweep.publish_key = _publish(data["publish"], sweep, where)
     if sweep.kind == "script":
         nb_hash = hashlib.sha256(nb.read_bytes()).hexdigest()
-        check = _script_checker(nb, where)
+        check = _script_checker(nb, where) if check_scripts else lambda params: None
     else:
         nb_hash = source_hash(nb)
         check = lambda params: check_params(sweep.stem, params)
+    first: dict[str, int] = {}          # key -> the first run with it: the repeat check is linear
     for i, params in enumerate(expand(sweep.fixed, sweep.product, sweep.zip, where)):
         try:
             check(params)
         except ValueError as err:
             raise ValueError(f"{where}, run {i} ({describe(params, sweep.grid_names)}): {err}") from None
         key = run_key(nb_hash, params)
-        same = [run.index for run in sweep.runs if run.key == key]
-        if same:
-            raise ValueError(f"{where}: run {i} ({describe(params, sweep.grid_names)}) repeats run {same[0]}")
+        if key in first:
+            raise ValueError(f"{where}: run {i} ({describe(params, sweep.grid_names)}) repeats run {first[key]}")
+        first[key] = i
         sweep.runs.append(Run(i, params, key))
     return sweep
 
 
-def _script_path(value: Any, sweep_file: Path, where: str) -> Path:
-    """A sweep's script: relative to the sweep file, else to the repository root."""
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):     # a name too long for the system, a NUL byte: not a file
+        return False
+
+
+def _script_path(value: Any, sweep_file: Path, where: str, allowed: Iterable[str | Path] | None = ()) -> Path:
+    """A sweep's script: relative to the sweep file, else to the repository root; it must be in the
+    repository's ``scripts/`` or be one of ``allowed`` (what the user named on the command line), unless
+    ``allowed`` is None (the script is not going to be imported or run)."""
     if not isinstance(value, str) or not value.endswith(".py"):
-        raise ValueError(f"{where}: 'script' must be the path of a Python file, got {value!r}")
+        raise ValueError(f"{where}: 'script' must be the path of a Python file, got {shorten(value)}")
     for base in (sweep_file.parent, repo_root()):
         candidate = base / value
         if candidate.is_file():
-            return candidate.resolve()
-    raise ValueError(f"{where}: script {value!r} not found next to the sweep file or in the repository")
+            script = candidate.resolve()
+            break
+    else:
+        raise ValueError(f"{where}: script {shorten(value)} not found next to the sweep file or in the repository")
+    if allowed is None:
+        return script
+    trusted = {Path(a).expanduser().resolve() for a in allowed}
+    if script.is_relative_to((repo_root() / "scripts").resolve()) or script in trusted:
+        return script
+    raise ValueError(f"{where}: script {shorten(value)} is {script}, outside the repository's scripts/; a sweep "
+                     f"runs a script from elsewhere only when the command line names it (--script {script})")
 
 
 def _script_checker(script: Path, where: str) -> Any:
@@ -223,9 +260,15 @@ def _script_checker(script: Path, where: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, script)
     module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        with contextlib.redirect_stdout(io.StringIO()):
+            spec.loader.exec_module(module)
+    except SystemExit as err:          # a script that exits when imported: one line, not the CLI's exit code
+        raise ValueError(f"{where}: script {script.name} exited (code {shorten(err.code)}) when imported to check "
+                         f"its flags; its top level must only define things (main under __name__ == '__main__')"
+                         ) from None
     except Exception as err:
-        raise ValueError(f"{where}: script {script.name} does not import: {type(err).__name__}: {err}") from None
+        raise ValueError(f"{where}: script {script.name} does not import: {type(err).__name__}: "
+                         f"{shorten(str(err), 200)}") from None
     parse = getattr(module, "parse_args", None)
     if not callable(parse):
         raise ValueError(f"{where}: script {script.name} defines no parse_args(argv) to check the runs' flags with")
@@ -239,7 +282,11 @@ def _script_checker(script: Path, where: str) -> Any:
                 parse([*script_argv(params), "--out", "run.csv"])
         except SystemExit:
             lines = [ln for ln in stderr.getvalue().splitlines() if ln.strip()]
-            raise ValueError(lines[-1] if lines else "the script's parse_args refused the flags") from None
+            raise ValueError(clip(lines[-1], 300) if lines else "the script's parse_args refused the flags"
+                             ) from None
+        except Exception as err:       # a parse_args that raises instead of exiting
+            raise ValueError(f"the script's parse_args raised {type(err).__name__}: {shorten(str(err), 200)}"
+                             ) from None
 
     return check
 
@@ -250,11 +297,13 @@ def _publish(value: Any, sweep: Sweep, where: str) -> tuple[Path, list[str]]:
         raise ValueError(f"{where}: 'publish' is for script sweeps (a notebook writes its own tables)")
     if not isinstance(value, dict) or set(value) != {"path", "key"}:
         raise ValueError(f"{where}: 'publish' must be a mapping with 'path' (a CSV in the repository) and 'key' "
-                         f"(the columns that identify a row), got {value!r}")
+                         f"(the columns that identify a row), got {shorten(value)}")
     key = value["key"]
     if not isinstance(key, list) or not key or not all(isinstance(k, str) for k in key):
-        raise ValueError(f"{where}: publish 'key' must be a non-empty list of column names, got {key!r}")
+        raise ValueError(f"{where}: publish 'key' must be a non-empty list of column names, got {shorten(key)}")
     path = Path(str(value["path"]))
-    if path.is_absolute() or path.suffix != ".csv" or ".." in path.parts:
-        raise ValueError(f"{where}: publish 'path' must be a CSV path inside the repository, got {value['path']!r}")
+    if (path.is_absolute() or path.suffix != ".csv" or ".." in path.parts
+            or not (repo_root() / path).resolve().is_relative_to(repo_root().resolve())):
+        raise ValueError(f"{where}: publish 'path' must be a CSV path inside the repository, "
+                         f"got {shorten(value['path'])}")
     return repo_root() / path, key
