@@ -92,8 +92,12 @@ llamacpp-reference: real-model ## llama.cpp's own perplexity/KL per cache type (
 	  $(PY) -m kvcost.sweep publish llamacpp_reference && exit $$rc
 
 LAB_ARGS ?=
-lab: $(STAMP) ## JupyterLab on the repository (LAB_ARGS='--port 8890 --no-browser' …); works as root
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
+# As root the server needs --allow-root, and its terminal would be a root shell in the browser: it is
+# turned off unless asked for with LAB_TERMINALS=1.
+LAB_TERMINALS ?= 0
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root $(if $(filter 1,$(LAB_TERMINALS)),,--ServerApp.terminals_enabled=False))
+lab: $(STAMP) ## JupyterLab on the repository (LAB_ARGS='--port 8890 --no-browser' …); as root: no terminal unless LAB_TERMINALS=1
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(LAB_ROOT) $(LAB_ARGS)
 
 lint: $(STAMP) ## ruff (style) and import-linter (the layers in pyproject.toml)
 	$(VENV)/bin/ruff check lib tests scripts

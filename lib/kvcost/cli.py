@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import fleet, formats, llamacpp, models, sizing, vllm
+from .params import shorten
 from .units import GIB, KIB, MIB
 
 __all__ = ["build_parser", "format_plan", "main", "parse_tokens"]
@@ -41,20 +43,77 @@ def parse_tokens(text: str) -> int:
     return n
 
 
-def _positive_float(text: str) -> float:
+def _positive_int(text: str) -> int:
+    if not re.fullmatch(r"\s*\d{1,18}\s*", str(text)) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {shorten(text)}")
+    return int(text)
+
+
+#: The largest memory figure a flag takes, GiB (1 PiB: beyond any one GPU or budget, and far from
+#: where GiB x 2^30 stops being an exact float).
+MAX_GIB = 2.0 ** 20
+
+
+def _number(text: str) -> float:
     try:
         x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not x > 0 or x != x or x == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"must be a number, got {shorten(text)}") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {shorten(text)}")
     return x
 
 
-def _positive_int(text: str) -> int:
-    if not re.fullmatch(r"\s*\d+\s*", str(text)) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return int(text)
+def _gib(text: str) -> float:
+    """A memory figure in GiB: more than 0 and at most :data:`MAX_GIB`."""
+    x = _number(text)
+    if not 0 < x <= MAX_GIB:
+        raise argparse.ArgumentTypeError(f"must be a number of GiB above 0 and at most {MAX_GIB:,.0f} (1 PiB), "
+                                         f"got {shorten(text)}")
+    return x
+
+
+def _reserve_gib(text: str) -> float:
+    """A reserve in GiB: 0 or more, at most :data:`MAX_GIB`."""
+    x = _number(text)
+    if not 0 <= x <= MAX_GIB:
+        raise argparse.ArgumentTypeError(f"must be a number of GiB from 0 to {MAX_GIB:,.0f}, got {shorten(text)}")
+    return x
+
+
+def _fraction(text: str) -> float:
+    """vLLM's ``gpu_memory_utilization``: ``Field(gt=0, le=1)`` in vllm/config/cache.py."""
+    x = _number(text)
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction above 0 and at most 1 (as vLLM requires), "
+                                         f"got {shorten(text)}")
+    return x
+
+
+#: vLLM's allowed ``--block-size`` values: ``BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]`` in
+#: vllm/config/cache.py (vLLM's docs add that CUDA kernels take at most 32).
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
+
+def _block_size(text: str) -> int:
+    n = _positive_int(text)
+    if n not in VLLM_BLOCK_SIZES:
+        raise argparse.ArgumentTypeError(f"must be one of vLLM's block sizes {list(VLLM_BLOCK_SIZES)}, got {n}")
+    return n
+
+
+def _check_tp(g: Any, tp: int) -> None:
+    """vLLM's rule (ModelConfig.verify_with_parallel_config, vllm/config/model.py): the attention heads
+    must split evenly over the tensor-parallel ranks; KV heads are split, or replicated when fewer."""
+    heads = getattr(g, "num_attention_heads", 0)
+    if heads and heads % tp:
+        raise ValueError(f"--tp {tp}: vLLM requires the total number of attention heads ({heads}) to be "
+                         f"divisible by the tensor-parallel size; use one of "
+                         f"{[d for d in range(1, heads + 1) if heads % d == 0]}")
+    kv = getattr(g, "kv_heads", 0)
+    if kv and tp > 1 and kv % tp and tp % kv:
+        raise ValueError(f"--tp {tp}: the {kv} KV heads can be neither split nor replicated evenly over {tp} "
+                         f"ranks (vLLM needs {kv} % tp == 0 or tp % {kv} == 0)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -148,6 +207,10 @@ def _format_fleet(f: fleet.Fleet) -> str:
     return "\n".join(lines)
 
 
+#: The columns kvcost.fleet.accuracy_lookup reads from a needle table.
+_ACCURACY_COLUMNS = ("storage", "n_tokens", "retrieved")
+
+
 def _accuracy_csv(flag: str | None) -> str | None:
     """--accuracy-csv: the committed needle measurement by default, 'none' for none, else a file that exists."""
     if flag is None:
@@ -156,6 +219,15 @@ def _accuracy_csv(flag: str | None) -> str | None:
         return None
     if not Path(flag).is_file():
         raise ValueError(f"--accuracy-csv: file not found: {flag}")
+    try:
+        with open(flag, encoding="utf-8") as f:
+            header = f.readline().strip().split(",")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"--accuracy-csv: cannot read {flag}: {type(err).__name__}") from None
+    missing = [c for c in _ACCURACY_COLUMNS if c not in header]
+    if missing:
+        raise ValueError(f"--accuracy-csv: {flag} lacks the column(s) {missing}; a needle table has "
+                         f"{list(_ACCURACY_COLUMNS)} (as notebooks 06 and 09 write)")
     return flag
 
 
@@ -169,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bf16", help="K format (and V unless --v-dtype), or a spec such as q8_0/q4_0 "
                    "or nvfp4;skip=sliding_window (`python -m kvcost formats`); default bf16")
     s.add_argument("--v-dtype", default=None, help="V format when it differs from K")
-    s.add_argument("--budget-gib", type=_positive_float, default=None, help="KV memory budget in GiB")
+    s.add_argument("--budget-gib", type=_gib, default=None, help="KV memory budget in GiB")
     s.add_argument("--request-tokens", type=parse_tokens, default=None,
                    help="tokens per request for the count in --budget-gib (default: --context)")
     s.add_argument("--state-dtype", default=None, help="format of SSM / linear-attention state")
@@ -188,19 +260,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="vLLM's block pool for a budget, or a fleet plan on catalogued GPUs")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--engine", choices=["vllm"], default=None, help="vllm: blocks, tokens, max concurrency")
-    p.add_argument("--kv-memory-gib", type=_positive_float, default=None, help="vLLM's available KV memory per GPU")
-    p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size")
-    p.add_argument("--block-size", type=_positive_int, default=16)
+    p.add_argument("--kv-memory-gib", type=_gib, default=None, help="vLLM's available KV memory per GPU")
+    p.add_argument("--tp", type=_positive_int, default=1,
+                   help="tensor-parallel size (must divide the attention heads, as vLLM requires)")
+    p.add_argument("--block-size", type=_block_size, default=16,
+                   help=f"tokens per KV block, one of vLLM's {list(VLLM_BLOCK_SIZES)} (default 16)")
     p.add_argument("--max-model-len", type=parse_tokens, default=None)
     p.add_argument("--max-num-batched-tokens", type=parse_tokens, default=2048)
     p.add_argument("--kv-cache-dtype", default="auto", choices=sorted(vllm.CACHE_DTYPES))
     p.add_argument("--gpu", default=None, help="a GPU from data/gpus.csv, e.g. H100-80GB")
     p.add_argument("--gpus", type=_positive_int, default=1)
-    p.add_argument("--gpu-memory-utilization", type=_positive_float, default=0.9)
+    p.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9, help="above 0, at most 1 (default 0.9)")
     p.add_argument("--context", type=parse_tokens, default=None, help="tokens per request (fleet plan)")
     p.add_argument("--concurrency", type=_positive_int, default=None, help="requests that must fit at once")
     p.add_argument("--dtypes", default=None, help="comma-separated K or K/V formats (default bf16,fp8_e4m3,q8_0,q4_0)")
-    p.add_argument("--reserve-gib", type=float, default=fleet.RESERVE_GIB,
+    p.add_argument("--reserve-gib", type=_reserve_gib, default=fleet.RESERVE_GIB,
                    help=f"activation/workspace reserve per GPU (default {fleet.RESERVE_GIB:g})")
     p.add_argument("--accuracy-csv", default=None,
                    help="needle table to read accuracy from (default: the committed data/plan_needle/needle.csv, "
@@ -258,6 +332,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         if args.kv_memory_gib is None:
             raise ValueError("--engine vllm needs --kv-memory-gib")
+        _check_tp(g, args.tp)
         v = vllm.plan(g, args.kv_memory_gib, args.tp, args.block_size, args.max_model_len, args.kv_cache_dtype,
                       args.max_num_batched_tokens)
         d = v.as_dict()
@@ -275,6 +350,10 @@ def _run(args: argparse.Namespace) -> int:
                          f"sized from it); {args.model!r} is not one — use --engine vllm --kv-memory-gib for a "
                          f"config.json") from None
     dts = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else None
+    if dts is not None and not all(dts):
+        raise ValueError(f"--dtypes must be comma-separated format names such as bf16,q8_0,q8_0/q4_0, "
+                         f"got {shorten(args.dtypes)}")
+    _check_tp(g, args.tp)
     fl = fleet.plan(g, name, args.gpu, args.context, args.gpus, args.tp, args.gpu_memory_utilization,
                     args.concurrency, dts, args.reserve_gib, _accuracy_csv(args.accuracy_csv))
     warns = list(fl.warnings) + [w for r in fl.rows for w in r.warnings]
@@ -291,4 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     except ValueError as err:
         print(f"error: {_flags(str(err))}", file=sys.stderr)
+        return 2
+    except (OverflowError, RecursionError, TypeError, KeyError, AttributeError) as err:
+        # a config whose values are not what its keys promise (layer_types: [{}], num_hidden_layers: 1e300):
+        # one line naming the model, not a traceback
+        print(f"error: MODEL {shorten(args.model)}: cannot use this config: {type(err).__name__}: "
+              f"{shorten(str(err), 160)}", file=sys.stderr)
         return 2
