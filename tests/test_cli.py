@@ -123,7 +123,10 @@ def test_fleet_plan(capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     rows = {r["dtype"]: r for r in out["rows"]}
     assert rows["bf16"]["requests"] == 3 and rows["q4_0"]["requests"] == 12
-    assert all(r["accuracy"].startswith("needle ") for r in out["rows"])
+    # every accuracy says what it rests on: the synthetic head, never the planned model
+    assert all(r["accuracy"].startswith("synthetic head with MiniLM statistics (data/plan_needle), not a decoder: "
+                                        "needle ") for r in out["rows"])
+    assert all("Llama" not in r["accuracy"] for r in out["rows"])
     assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H999"]) == 2
     assert "--gpu" in capsys.readouterr().err
 
@@ -153,10 +156,15 @@ def test_module_entry_point_is_fast_and_light() -> None:
 def test_fleet_plan_reads_the_committed_needle_measurement(capsys) -> None:
     assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H100-80GB", "--context", "128k", "--json"]) == 0
     rows = {r["dtype"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
-    assert rows["q8_0"]["accuracy"].startswith("needle 200/200 = 100% [98%, 100%] at 131,072 tokens")
+    assert rows["q8_0"]["accuracy"] == (
+        "synthetic head with MiniLM statistics (data/plan_needle), not a decoder: needle 200/200 = 100% [98%, 100%] "
+        "at 131,072 tokens; unquantized 200/200 | SmolLM2-135M-Instruct (data/real_model), stored cache: passkey "
+        "18/20 = 90% [70%, 97%] at 8,192 tokens (shorter than the planned 131,072); unquantized 18/20")
     assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H100-80GB", "--context", "128k", "--accuracy-csv", "none",
                      "--json"]) == 0
-    assert {r["accuracy"] for r in json.loads(capsys.readouterr().out)["rows"]} == {"not measured"}
+    assert [r["accuracy"] for r in json.loads(capsys.readouterr().out)["rows"]] == [
+        f"no evidence for {f} (no synthetic needle, no real-decoder passkey)"
+        for f in ("bf16/bf16", "fp8_e4m3/fp8_e4m3", "q8_0/q8_0", "q4_0/q4_0")]
     assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H100-80GB", "--context", "8k",
                      "--accuracy-csv", "missing.csv"]) == 2
     assert capsys.readouterr().err.strip() == "error: --accuracy-csv: file not found: missing.csv"

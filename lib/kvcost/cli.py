@@ -3,8 +3,10 @@
 - ``size MODEL``  the KV cache of one model at one context (engine-independent, or exactly as
   llama.cpp allocates it with ``--engine llama.cpp``)
 - ``plan MODEL``  vLLM's block pool for a KV budget (``--engine vllm --kv-memory-gib X``), or a
-  fleet plan on catalogued GPUs (``--gpu H100-80GB``) with every KV format side by side
-- ``models`` / ``formats``  what kvcost knows
+  fleet plan on a catalogued GPU (``--gpu H100``) or any GPU (``--gpu-memory-gib X --bandwidth-tbs Y``)
+  with every KV format side by side: requests as ``--engine`` counts them, a decode-speed estimate,
+  and what each format's accuracy evidence rests on
+- ``models`` / ``formats`` / ``gpus``  what kvcost knows
 
 MODEL is a name from ``data/models`` (or a Hugging Face repo id listed there) or a path to a
 ``config.json`` (or its folder). Contexts accept ``131072``, ``128k`` or ``1M``. Bad input stops
@@ -13,6 +15,7 @@ with one ``error:`` line naming the flag and exit code 2. Standard library only 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -161,10 +164,13 @@ def format_plan(p: sizing.Plan) -> str:
     if p.budget_gib is not None:
         rows.append((f"requests of {p.request_tokens:,} tokens in {p.budget_gib:g} GiB",
                      f"{p.requests:,}" + ("  (does not fit)" if p.requests == 0 else "")))
-        longest = "unbounded by memory (every KV layer is windowed)" if p.max_context_unbounded else \
-            f"{p.max_context_memory:,} tokens"
         if p.max_context is not None and p.max_context != p.max_context_memory:
-            longest += f"; the model is trained to {p.max_context:,}"
+            memory = "no limit (every KV layer is windowed)" if p.max_context_unbounded else \
+                f"{p.max_context_memory:,} tokens"
+            longest = f"{p.max_context:,} tokens (the model's max_position_embeddings; memory alone: {memory})"
+        else:
+            longest = "unbounded by memory (every KV layer is windowed)" if p.max_context_unbounded else \
+                f"{p.max_context_memory:,} tokens"
         rows.append((f"longest context in {p.budget_gib:g} GiB", longest))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
@@ -193,17 +199,27 @@ def _format_alloc(a: llamacpp.Allocation) -> str:
 
 
 def _format_fleet(f: fleet.Fleet) -> str:
-    lines = [f"{f.model} on {f.gpus} x {f.gpu} ({f.gpu_basis}), tp {f.tp}, {f.replicas} replica(s), "
+    bw = f"{f.bandwidth_tbs:g} TB/s" if f.bandwidth_tbs else "bandwidth unknown"
+    engine = {"none": "engine-independent bytes (--engine vllm or llama.cpp for an engine's count)",
+              "vllm": "as vLLM counts them (blocks, hybrid groups, sliding-window reservation)",
+              "llama.cpp": "as llama.cpp allocates them (padded cells, SWA cache)"}[f.engine]
+    lines = [f"{f.model} on {f.gpus} x {f.gpu} ({f.gpu_basis}; {bw}), tp {f.tp}, {f.replicas} replica(s), "
              f"utilization {f.utilization:g}",
              f"weights {f.weights_gib:.2f} GiB ({f.weights_source})",
              f"reserve {f.reserve_gib:g} GiB per GPU for activations and workspace; KV budget "
-             f"{f.kv_budget_gib_per_gpu:.2f} GiB per GPU", "",
-             f"{'K/V format':<20} {'bits':>5} {'KiB/token':>10} {'tokens':>12} {'requests':>9} "
-             f"{'longest ctx':>12}  accuracy at {f.context:,} tokens"]
+             f"{f.kv_budget_gib_per_gpu:.2f} GiB per GPU",
+             f"requests: {engine}", f.decode_note, "",
+             f"{'K/V format':<30} {'bits':>5} {'KiB/token':>10} {'tokens':>12} {'requests':>9} "
+             f"{'longest ctx':>12} {'kernel':>9} {'batch':>6} {'ITL ms':>8} {'tok/s/req':>9} {'tok/s/GPU':>10}"]
     for r in f.rows:
         lc = "n/a" if r.longest_context is None else f"{r.longest_context:,}"
-        lines.append(f"{r.dtype + '/' + r.v_dtype:<20} {r.bits_per_value:>5.2f} {r.kib_per_token:>10.2f} "
-                     f"{r.kv_tokens:>12,} {r.requests:>9,} {lc:>12}  {r.accuracy}")
+        dec = (f"{r.decode_batch:>6,} {r.itl_ms:>8.2f} {r.tokens_per_s_request:>9.1f} {r.tokens_per_s_gpu:>10,.0f}"
+               if r.itl_ms is not None and r.decode_batch is not None and r.tokens_per_s_request is not None
+               and r.tokens_per_s_gpu is not None else f"{'-':>6} {'-':>8} {'-':>9} {'-':>10}")
+        lines.append(f"{r.spec or r.dtype + '/' + r.v_dtype:<30} {r.bits_per_value:>5.2f} {r.kib_per_token:>10.2f} "
+                     f"{r.kv_tokens:>12,} {r.requests:>9,} {lc:>12} {r.kernel:>9} {dec}")
+    lines += ["", f"accuracy evidence at {f.context:,} tokens (what each measurement rests on):"]
+    lines += [f"  {r.spec or r.dtype}: {r.accuracy}" for r in f.rows]
     return "\n".join(lines)
 
 
@@ -259,7 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("plan", help="vLLM's block pool for a budget, or a fleet plan on catalogued GPUs")
     p.add_argument("model", metavar="MODEL")
-    p.add_argument("--engine", choices=["vllm"], default=None, help="vllm: blocks, tokens, max concurrency")
+    p.add_argument("--engine", choices=list(fleet.ENGINES), default=None,
+                   help="vllm: with --kv-memory-gib, vLLM's block pool; with --gpu, count requests as vLLM does "
+                        "(llama.cpp: as llama.cpp allocates; none or absent: engine-independent bytes)")
     p.add_argument("--kv-memory-gib", type=_gib, default=None, help="vLLM's available KV memory per GPU")
     p.add_argument("--tp", type=_positive_int, default=1,
                    help="tensor-parallel size (must divide the attention heads, as vLLM requires)")
@@ -279,12 +297,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accuracy-csv", default=None,
                    help="needle table to read accuracy from (default: the committed data/plan_needle/needle.csv, "
                         "200 haystacks per context and format; 'none' for no accuracy column)")
+    _fleet_args(p)
     p.add_argument("--json", action="store_true")
-    m = sub.add_parser("models", help="list the models in data/models")
+    m = sub.add_parser("models", help="list the models in data/models and what each record can answer")
     m.add_argument("--json", action="store_true")
     f = sub.add_parser("formats", help="list storage formats and their true bits per value")
     f.add_argument("--json", action="store_true")
+    gp = sub.add_parser("gpus", help="list the GPU catalogue (data/gpus.csv): memory, bandwidth, native KV formats")
+    gp.add_argument("--json", action="store_true")
     return ap
+
+
+def _params(text: str) -> int:
+    """A parameter count: ``8030261248``, ``8.03e9``, ``70B`` or ``7.2B`` (x1e9), ``135M`` (x1e6)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:[eE]\d+)?)\s*([bBmM]?)\s*", str(text))
+    if not m:
+        raise argparse.ArgumentTypeError(f"must be a number of parameters such as 8030261248, 8.03e9 or 70B, "
+                                         f"got {shorten(text)}")
+    n = round(float(m.group(1)) * {"": 1, "b": 1e9, "m": 1e6}[m.group(2).lower()])
+    if not 1 <= n <= 10 ** 15:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 1e15 parameters, got {shorten(text)}")
+    return n
+
+
+def _fleet_args(p: argparse.ArgumentParser) -> None:
+    """The fleet plan's GPU, weights and decode flags."""
+    p.add_argument("--gpu-memory-gib", type=_gib, default=None,
+                   help="memory per GPU in GiB: a GPU not in the catalogue, or a catalogued one's figure replaced")
+    p.add_argument("--bandwidth-tbs", type=_number, default=None,
+                   help="memory bandwidth per GPU in TB/s (decimal) for the decode estimate")
+    p.add_argument("--efficiency", type=_fraction, default=fleet.DEFAULT_EFFICIENCY,
+                   help=f"share of the bandwidth decode reaches, above 0 and at most 1 (default "
+                        f"{fleet.DEFAULT_EFFICIENCY:g}, a stated assumption)")
+    p.add_argument("--params", type=_params, default=None, help="parameter count of the weights (e.g. 70B)")
+    p.add_argument("--weights-dtype", default=None,
+                   help="format of the weights: bf16, fp8_e4m3, mxfp4, nvfp4, q4_0, ... (default: the record's, bf16)")
+    p.add_argument("--weights-gib", type=_gib, default=None, help="GiB of weights per replica, as given")
+    p.add_argument("--weights-index", default=None,
+                   help="a model.safetensors.index.json (or its folder): weights = its metadata.total_size")
+    p.add_argument("--swa-full", action="store_true", help="--engine llama.cpp: SWA layers keep every token")
 
 
 def _emit(obj: Any, text: str, as_json: bool, warnings: Sequence[str]) -> int:
@@ -296,12 +347,23 @@ def _emit(obj: Any, text: str, as_json: bool, warnings: Sequence[str]) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "models":
-        names = models.list_models()
+        rows = [models.answers(n) for n in models.list_models()]
         if args.json:
-            print(json.dumps([{"name": n, "hf_repo": models.model_record(n).get("hf_repo")} for n in names], indent=2))
+            print(json.dumps(rows, indent=2))
         else:
-            for n in names:
-                print(f"{n:28s} {models.model_record(n).get('hf_repo', '')}")
+            for r in rows:
+                print(f"{r['name']:28s} {r['hf_repo'] or '':44s} {r['answers']}")
+        return 0
+    if args.command == "gpus":
+        cards = list(fleet.gpus().values())
+        if args.json:
+            print(json.dumps([dataclasses.asdict(c) for c in cards], indent=2))
+        else:
+            for c in cards:
+                bw = f"{c.bandwidth_tbs:g} TB/s" if c.bandwidth_tbs else "bandwidth unknown"
+                print(f"{c.name:10s} {c.total_gib:8.2f} GiB  {bw:18s} {c.arch:14s} native KV: "
+                      f"{', '.join(c.kv_native) or 'bf16/fp16 only'}"
+                      + (f"  (aliases: {', '.join(c.aliases)})" if c.aliases else ""))
         return 0
     if args.command == "formats":
         rows = [formats.describe_full(n) for n in formats.all_names()]
@@ -329,6 +391,9 @@ def _run(args: argparse.Namespace) -> int:
         d = p.as_dict()
         d["warnings"] = warnings
         return _emit(d, format_plan(p), args.json, warnings)
+    if args.command == "plan" and (args.gpu is not None or args.gpu_memory_gib is not None) and not (
+            args.engine == "vllm" and args.kv_memory_gib is not None):
+        return _run_fleet(args, g)
     if args.engine == "vllm":
         if args.kv_memory_gib is None:
             raise ValueError("--engine vllm needs --kv-memory-gib")
@@ -339,25 +404,40 @@ def _run(args: argparse.Namespace) -> int:
         text = "\n".join(d["log_lines"] + [f"{v.num_blocks:,} blocks of {v.block_size} tokens, page {v.page_bytes:,} "
                                             f"bytes, groups {', '.join(v.groups)}"])
         return _emit(d, text, args.json, v.warnings)
-    if args.gpu is None:
-        raise ValueError("plan needs --engine vllm --kv-memory-gib X, or --gpu NAME --context N")
+    raise ValueError("plan needs --engine vllm --kv-memory-gib X (vLLM's block pool), or --gpu NAME or "
+                     "--gpu-memory-gib X with --context N (a fleet plan)")
+
+
+def _run_fleet(args: argparse.Namespace, g: Any) -> int:
+    """``plan MODEL --gpu NAME | --gpu-memory-gib X --context N``: capacity per KV format as --engine counts it,
+    a decode-speed estimate and the accuracy evidence."""
     if args.context is None:
         raise ValueError("--gpu needs --context (tokens per request)")
+    card = fleet.gpu(args.gpu) if args.gpu is not None else None
+    if card is None or args.gpu_memory_gib is not None or args.bandwidth_tbs is not None:
+        card = fleet.custom_gpu(args.gpu_memory_gib, args.bandwidth_tbs, card)
     try:
-        name = models.model_record(args.model)["name"]
+        name: str | None = models.model_record(args.model)["name"]
     except ValueError:
-        raise ValueError(f"--gpu plans need a model from data/models with a cited parameter count (weights are "
-                         f"sized from it); {args.model!r} is not one — use --engine vllm --kv-memory-gib for a "
-                         f"config.json") from None
+        name = None
+    cfg = None if name is not None else args.model
+    w = fleet.weights(name, cfg=cfg, params=args.params, weights_dtype=args.weights_dtype,
+                      weights_gib=args.weights_gib, index=args.weights_index)
     dts = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else None
     if dts is not None and not all(dts):
         raise ValueError(f"--dtypes must be comma-separated format names such as bf16,q8_0,q8_0/q4_0, "
                          f"got {shorten(args.dtypes)}")
+    if args.swa_full and args.engine != "llama.cpp":
+        raise ValueError("--swa-full is a llama.cpp flag: it needs --engine llama.cpp")
     _check_tp(g, args.tp)
-    fl = fleet.plan(g, name, args.gpu, args.context, args.gpus, args.tp, args.gpu_memory_utilization,
-                    args.concurrency, dts, args.reserve_gib, _accuracy_csv(args.accuracy_csv))
+    fl = fleet.plan(g, name, None, args.context, args.gpus, args.tp, args.gpu_memory_utilization,
+                    args.concurrency, dts, args.reserve_gib, _accuracy_csv(args.accuracy_csv),
+                    engine=args.engine or "none", card=card, weights_=w, efficiency=args.efficiency,
+                    block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                    swa_full=args.swa_full, passkey_csv=None if args.accuracy_csv == "none"
+                    else fleet.default_passkey_csv())
     warns = list(fl.warnings) + [w for r in fl.rows for w in r.warnings]
-    return _emit(fl.as_dict(), _format_fleet(fl), args.json, warns)
+    return _emit(fl.as_dict(), _format_fleet(fl), args.json, list(dict.fromkeys(warns)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,6 +27,7 @@ __all__ = [
     "StateSpec",
     "from_hf_config",
     "load_config",
+    "parameter_counts",
 ]
 
 # Layer kinds in Geometry.layer_kinds.
@@ -417,3 +418,62 @@ def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike[str], name: str | 
         notes=tuple(notes),
     )
 
+
+
+# ----------------------------------------------------------------------------- parameter counts
+
+#: Model types whose weights :func:`parameter_counts` can count from the config alone: decoder-only
+#: transformers with RMSNorm, SwiGLU MLPs (or MoE experts of them) and untied or tied embeddings.
+PARAM_COUNT_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss")
+
+
+def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, int]:
+    """Parameters of a model by what they are, counted from its ``config.json``.
+
+    Keys: ``embedding`` (input embedding, plus the output head unless ``tie_word_embeddings``),
+    ``attention`` (Q, K, V, O projections with their biases, Qwen3's q/k norms, gpt-oss's sinks),
+    ``dense_mlp`` (SwiGLU gate/up/down of dense layers), ``experts`` (the routed experts' weight
+    matrices: what MoE checkpoints such as gpt-oss quantize), ``router`` (routers and expert biases),
+    ``norms``, and ``total``. Supported ``model_type``: :data:`PARAM_COUNT_TYPES`; another type, or a
+    missing ``vocab_size`` / ``intermediate_size``, raises ValueError naming it (give the count with
+    ``--params`` or the bytes with ``--weights-gib`` instead).
+    """
+    raw = load_config(cfg)
+    text, prefix = _text_part(raw)
+    model_type = str(text.get("model_type") or raw.get("model_type") or "")
+    if model_type not in PARAM_COUNT_TYPES:
+        raise ValueError(f"config key {prefix}'model_type' {model_type!r}: kvcost counts parameters from the "
+                         f"config only for {', '.join(PARAM_COUNT_TYPES)}; give --params N or --weights-gib X")
+    layers = _req_int(text, ["num_hidden_layers"], prefix)
+    hidden = _req_int(text, ["hidden_size"], prefix)
+    heads = _req_int(text, ["num_attention_heads"], prefix)
+    kv, _ = _kv_heads(text, heads, prefix)
+    hd = _head_dim(text, heads, prefix)
+    vocab = _req_int(text, ["vocab_size"], prefix)
+    inter = _req_int(text, ["intermediate_size"], prefix)
+    n_exp = _opt_int(text, ["num_local_experts", "num_experts"], prefix) or 0
+    moe_inter = _opt_int(text, ["moe_intermediate_size"], prefix) or inter
+    tied = bool(text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False)))
+    gpt_oss = model_type == "gpt_oss"
+    qkv_bias = gpt_oss or model_type == "qwen2" or bool(text.get("attention_bias"))
+    q, k = heads * hd, kv * hd
+    attn = hidden * q + 2 * hidden * k + q * hidden
+    if qkv_bias:
+        attn += q + 2 * k
+    if gpt_oss:
+        attn += hidden + heads                      # o_proj bias and one learned sink per head
+    if model_type in ("qwen3", "qwen3_moe"):
+        attn += 2 * hd                              # q_norm and k_norm
+    experts = router = dense = 0
+    if n_exp:
+        experts = n_exp * 3 * hidden * moe_inter
+        router = hidden * n_exp
+        if gpt_oss:
+            router += n_exp + n_exp * (2 * moe_inter + hidden)     # router bias, expert biases
+    else:
+        dense = 3 * hidden * inter
+    norms = layers * 2 * hidden + hidden
+    out = {"embedding": vocab * hidden * (1 if tied else 2), "attention": layers * attn,
+           "dense_mlp": layers * dense, "experts": layers * experts, "router": layers * router, "norms": norms}
+    out["total"] = sum(out.values())
+    return out

@@ -11,10 +11,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .hfconfig import Geometry, from_hf_config
+from .hfconfig import Geometry, from_hf_config, parameter_counts
 
 __all__ = [
     "POST_MODELS",
+    "answers",
     "check_models",
     "list_models",
     "load_model",
@@ -142,3 +143,24 @@ def weight_dtype(name: str) -> str:
     """The storage format of the released weights (``parameters.dtype`` in the record; bf16 if absent)."""
     p = model_record(name).get("parameters") or {}
     return str(p.get("dtype", "bf16"))
+
+
+def answers(name: str) -> dict[str, Any]:
+    """What a record can answer: its KV cache (always), its weights (a cited parameter count, or one counted
+    from the config's fields), and how its weights are quantized; a sentence for ``kvcost models``."""
+    rec = model_record(name)
+    p = rec.get("parameters")
+    cited = isinstance(p, dict) and isinstance(p.get("total"), int)
+    try:
+        counted = parameter_counts(rec["config"])["total"]
+    except ValueError:
+        counted = None
+    q = p.get("quantized") if cited and isinstance(p.get("quantized"), dict) else None
+    if cited:
+        weights = f"weights from {p['total']:,} parameters ({p.get('dtype', 'bf16')}" + (
+            f", {q['part']} in {q['dtype']})" if q else ")")
+    else:
+        weights = "KV cache only: no cited parameter count (plan --gpu needs --params N or --weights-gib X)"
+    return {"name": rec["name"], "hf_repo": rec.get("hf_repo"), "kv_cache": True, "weights": cited,
+            "parameters": p["total"] if cited else None, "counted_from_config": counted,
+            "quantized_part": q["part"] if q else None, "answers": f"KV cache; {weights}" if cited else weights}

@@ -19,8 +19,9 @@ from ..storage.spec import CacheSpec, parse_spec
 from ..units import GIB
 from . import longrange
 
-__all__ = ["NEEDLE_DIR", "check_slice", "committed_needle", "dtype_choice", "needle_by_format", "needle_summary",
-           "paired_worse", "plan_table", "store_as", "vllm_table"]
+__all__ = ["NEEDLE_DIR", "README_COLUMNS", "README_ROWS", "check_slice", "committed_needle", "decode_table",
+           "dtype_choice", "needle_by_format", "needle_summary", "paired_worse", "plan_table", "readme_table",
+           "store_as", "vllm_table"]
 
 #: The committed full-scale needle measurement (needle.csv + provenance.json).
 NEEDLE_DIR = Path(__file__).resolve().parents[3] / "data" / "plan_needle"
@@ -172,3 +173,56 @@ def vllm_table(models: Sequence[str], kv_memory_gib: dict[str, float], max_model
                          "groups": "+".join(v.groups), "kv_tokens": v.kv_tokens,
                          "max_concurrency": v.max_concurrency, "budget_bytes": int(v.kv_memory_gib * GIB)})
     return pd.DataFrame(rows)
+
+
+#: The README's "Which KV dtype for which context" table: (model, context) rows, and (header, engine, spec)
+#: columns — each format counted by the engine that runs it (vLLM has no llama.cpp block types).
+README_ROWS = [("Llama-3.1-8B", 8192), ("Llama-3.1-8B", 32768), ("Llama-3.1-8B", 131072), ("Qwen3-8B", 8192),
+               ("Qwen3-8B", 32768), ("Mistral-7B-v0.1", 8192), ("Mistral-7B-v0.1", 32768), ("gpt-oss-20b", 8192),
+               ("gpt-oss-20b", 32768), ("gpt-oss-20b", 131072)]
+README_COLUMNS = [("bf16 (vLLM)", "vllm", "bf16"), ("fp8 (vLLM)", "vllm", "fp8_e4m3"),
+                  ("f16 (llama.cpp)", "llama.cpp", "fp16"), ("q8_0 (llama.cpp)", "llama.cpp", "q8_0"),
+                  ("q4_0 (llama.cpp)", "llama.cpp", "q4_0"), ("K q8_0 / V q4_0 (llama.cpp)", "llama.cpp", "q8_0/q4_0")]
+
+
+def readme_table(gpu: str = "H100", utilization: float = 0.9, rows: Sequence[tuple[str, int]] | None = None,
+                 columns: Sequence[tuple[str, str, str]] | None = None) -> str:
+    """The README's table, computed: requests of each context on one ``gpu`` per format, each counted by its
+    engine (:func:`kvcost.fleet.plan` with ``engine="vllm"`` or ``"llama.cpp"``; vLLM's defaults: block size
+    16, max_num_batched_tokens 2048), weights from each record, the default reserve. Markdown."""
+    rows = list(rows or README_ROWS)
+    columns = list(columns or README_COLUMNS)
+    card = fleet.gpu(gpu)
+    lines = ["| model | context | " + " | ".join(h for h, _, _ in columns) + " |",
+             "| --- | ---: | " + " | ".join("---:" for _ in columns) + " |"]
+    for name, ctx in rows:
+        g = load_model(name)
+        cells = []
+        for _, engine, spec in columns:
+            f = fleet.plan(g, g.name, None, ctx, utilization=utilization, dtypes=[spec], engine=engine, card=card)
+            cells.append(f"{f.rows[0].requests:,}")
+        lines.append(f"| {g.name} | {ctx:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def decode_table(models: Sequence[str], gpus: Sequence[str], contexts: Sequence[int], dtypes: Sequence[str],
+                 engine: str = "vllm", utilization: float = 0.9,
+                 efficiency: float = fleet.DEFAULT_EFFICIENCY) -> pd.DataFrame:
+    """Per model, GPU, context and KV format: requests that fit (as ``engine`` counts them) and the decode
+    estimate at that many requests (ITL, tokens/s per request and per GPU). An estimate, not a measurement."""
+    out = []
+    for name in models:
+        g = load_model(name)
+        for gname in gpus:
+            card = fleet.gpu(gname)
+            for ctx in contexts:
+                f = fleet.plan(g, g.name, None, ctx, utilization=utilization, dtypes=list(dtypes), engine=engine,
+                               card=card, efficiency=efficiency)
+                for r in f.rows:
+                    out.append({"model": g.name, "gpu": card.name, "context": ctx, "kv_format": r.spec,
+                                "engine": engine, "requests": r.requests, "kernel": r.kernel,
+                                "itl_ms": r.itl_ms, "tokens_per_s_request": r.tokens_per_s_request,
+                                "tokens_per_s_gpu": r.tokens_per_s_gpu,
+                                "beyond_max_context": g.max_position_embeddings is not None
+                                and ctx > g.max_position_embeddings})
+    return pd.DataFrame(out)

@@ -1,0 +1,177 @@
+"""The fleet planner of issue 25: weights of any model, any GPU, engine-true capacity, a decode estimate held
+against published measurements, accuracy that says what it rests on, and one error line for bad input."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+
+from kvcost import cli, fleet, llamacpp, models, vllm
+from kvcost.claims import plan as plan_claims
+from kvcost.experiments import plan as plan_exp
+from kvcost.hfconfig import parameter_counts
+from kvcost.output import repo_root
+from kvcost.units import GIB
+
+H100 = fleet.gpu("H100")
+
+
+@pytest.mark.parametrize("name", ["Llama-3.1-8B", "Llama-2-7B", "Mistral-7B-v0.1", "Qwen3-8B", "gpt-oss-20b"])
+def test_parameter_counts_reproduce_the_cited_totals(name):
+    rec = models.model_record(name)
+    assert parameter_counts(rec["config"])["total"] == rec["parameters"]["total"]
+
+
+def test_gpt_oss_weights_split_by_what_is_quantized():
+    c = parameter_counts(models.model_record("gpt-oss-20b")["config"])
+    assert c["experts"] == 24 * 32 * 3 * 2880 * 2880 == 19_110_297_600
+    assert c["total"] - c["experts"] == 1_804_459_584            # attention, embeddings, routers, norms: bf16
+    w = fleet.weights("gpt-oss-20b")
+    assert w.bytes == 19_110_297_600 * 17 // 32 + 1_804_459_584 * 2 and round(w.gib, 2) == 12.82
+    assert (w.num_experts, w.experts_per_token, w.expert_bytes) == (32, 4, 19_110_297_600 * 17 // 32)
+    assert round(fleet.weights("gpt-oss-120b").gib, 2) == round(
+        (114_661_785_600 * 17 // 32 + (116_829_156_672 - 114_661_785_600) * 2) / GIB, 2)
+
+
+def test_weights_from_flags_index_and_config(tmp_path):
+    assert fleet.weights(params=70_000_000_000, weights_dtype="fp8_e4m3").bytes == 70_000_000_000
+    assert fleet.weights("Llama-3.1-8B", weights_gib=10).bytes == 10 * GIB
+    idx = tmp_path / "model.safetensors.index.json"
+    idx.write_text(json.dumps({"metadata": {"total_size": 16_060_522_496}, "weight_map": {}}))
+    assert fleet.weights(index=tmp_path).bytes == 16_060_522_496
+    cfg = dict(models.model_record("Llama-3.1-8B")["config"], torch_dtype="bfloat16")
+    assert fleet.weights(cfg=cfg).bytes == 2 * 8_030_261_248
+    with pytest.raises(ValueError, match="--params N"):
+        fleet.weights("DeepSeek-V3")
+    with pytest.raises(ValueError, match="--weights-dtype"):
+        fleet.weights(params=10, weights_dtype="int3")
+    assert models.answers("DeepSeek-V3")["weights"] is False and models.answers("Qwen3-32B")["weights"] is True
+
+
+def test_gpu_catalogue_aliases_bandwidth_and_native_formats():
+    names = {g.name for g in fleet.gpus().values()}
+    assert {"H100-SXM", "H100-PCIe", "H200", "B200", "GB200", "B300", "A100-40GB", "A100-80GB", "L40S", "RTX-4090",
+            "RTX-5090", "MI300X", "MI325X", "MI355X"} <= names
+    assert H100.name == "H100-SXM" and fleet.gpu("h100-80gb") is not None and fleet.gpu("5090").name == "RTX-5090"
+    assert (H100.bandwidth_tbs, fleet.gpu("B200").bandwidth_tbs, fleet.gpu("MI300X").bandwidth_tbs) == (3.35, 8.0, 5.3)
+    assert all(g.bandwidth_source for g in fleet.gpus().values())         # a source, or why there is none
+    assert fleet.kernel_support(fleet.gpu("B200"), "nvfp4") == ("native", "")
+    assert fleet.kernel_support(H100, "nvfp4")[0] == "emulated"
+    assert fleet.kernel_support(fleet.gpu("A100"), "fp8_e4m3")[0] == "emulated"
+    assert fleet.kernel_support(fleet.gpu("MI355X"), "q4_0")[0] == "software"
+    card = fleet.custom_gpu(100, 2.5)
+    assert (card.total_gib, card.bandwidth_tbs, card.kv_native) == (100.0, 2.5, ())
+    with pytest.raises(ValueError, match=r"--gpu must be one of .*H100-SXM"):
+        fleet.gpu("H999")
+    with pytest.raises(ValueError, match="--bandwidth-tbs"):
+        fleet.custom_gpu(80, -1)
+
+
+def test_vllm_capacity_reserves_the_sliding_window():
+    g = models.load_model("Mistral-7B-v0.1")
+    f = fleet.plan(g, g.name, "H100", 8192, dtypes=["bf16"], engine="vllm")
+    v = vllm.plan(g, f.kv_budget_gib_per_gpu, max_model_len=8192)
+    # every layer slides: (4096 - 1 + 2048) tokens -> 385 blocks + 1 per request, not 4096 tokens
+    assert v.blocks_per_request == -(-(4095 + 2048) // 16) + 1 == 385
+    assert f.rows[0].requests == int(v.max_concurrency) == 74
+    assert fleet.plan(g, g.name, "H100", 8192, dtypes=["bf16"]).rows[0].requests == 111     # engine-independent
+    q4 = fleet.plan(g, g.name, "H100", 8192, dtypes=["q4_0"], engine="vllm").rows[0]
+    assert q4.requests == 0 and "not a vLLM --kv-cache-dtype" in q4.engine_note
+
+
+def test_llamacpp_capacity_is_the_largest_allocation_that_fits():
+    g = models.load_model("gpt-oss-20b")
+    f = fleet.plan(g, g.name, "H100", 32768, dtypes=["q8_0"], engine="llama.cpp")
+    n, budget = f.rows[0].requests, int(f.kv_budget_gib_per_gpu * GIB)
+    fits = [llamacpp.allocate(g, k * 32768, "q8_0", n_seq=k).kv_bytes <= budget for k in (n, n + 1)]
+    assert n > 0 and fits == [True, False]
+    full = fleet.plan(g, g.name, "H100", 32768, dtypes=["q8_0"], engine="llama.cpp", swa_full=True).rows[0]
+    assert full.requests < n                                          # --swa-full keeps every token
+
+
+def test_decode_estimate_by_hand():
+    g = models.load_model("Llama-3.1-8B")
+    d = fleet.decode(g, fleet.weights("Llama-3.1-8B"), "bf16", 8192, 1, 3.35, efficiency=0.8)
+    kv = 32 * 2 * 8 * 128 * 2 * 8192
+    assert math.isclose(d.itl_ms, (2 * 8_030_261_248 + kv) / (3.35e12 * 0.8) * 1e3)
+    assert math.isclose(d.slope_ms_per_token, 131072 / (3.35e12 * 0.8) * 1e3)
+    moe = models.load_model("gpt-oss-20b")
+    w = fleet.weights("gpt-oss-20b")
+    one = fleet.decode(moe, w, "bf16", 1, 1, 3.35, efficiency=1.0)
+    assert math.isclose(one.weights_read_bytes, w.bytes - w.expert_bytes + w.expert_bytes * 4 / 32)
+    many = fleet.decode(moe, w, "bf16", 1, 64, 3.35, efficiency=1.0)
+    assert many.weights_read_bytes > 0.98 * w.bytes                    # 64 tokens reach nearly every expert
+
+
+def test_decode_checks_against_the_vllm_blog():
+    t = plan_claims.decode_checks().set_index(["gpu", "model", "kv", "quantity"])
+    eff = t.loc[("H100-SXM", "Llama-3.1-8B", "bf16", "itl_slope"), "implied_efficiency"]
+    assert 0.85 < eff < 0.95                                         # bytes explain the bf16 slope
+    r = t.loc[("H100-SXM", "gpt-oss-20b", "fp8_e4m3", "slope_ratio_to_bf16")]
+    assert round(r.published, 2) == 0.80 and r.estimate == 0.5        # where the byte model is too simple
+    assert t.loc[("H100-SXM", "gpt-oss-20b", "fp8_e4m3", "slope_ratio_before_fixes"), "published"] == 0.96
+    assert t.loc[("B200", "gpt-oss-20b", "bf16", "itl_intercept"), "implied_efficiency"] < 0.3
+
+
+def test_accuracy_says_what_it_rests_on():
+    text, ev = fleet.accuracy_evidence("q4_0", 8192, H100, "vllm", fleet.default_accuracy_csv(),
+                                       fleet.default_passkey_csv())
+    assert [e["basis"] for e in ev] == ["synthetic", "real decoder"]
+    assert "SmolLM2-135M-Instruct" in text and "passkey 5/20 = 25%" in text and "Llama" not in text
+    fp8 = fleet.accuracy_evidence("fp8_e4m3", 8192, H100, "vllm", None, fleet.default_passkey_csv())[1]
+    assert [e["variant"] for e in fp8] == ["store:fp8_e4m3", "fa3"]           # FA3's FP8 attention on Hopper
+    none = fleet.accuracy_evidence("int4_g32", 8192, H100, "vllm", fleet.default_accuracy_csv(),
+                                   fleet.default_passkey_csv())
+    assert none == ("no evidence for int4_g32/int4_g32 (no synthetic needle, no real-decoder passkey)", ())
+
+
+def test_the_readme_table_is_the_planners():
+    spec = importlib.util.spec_from_file_location("plan_readme_table", repo_root() / "scripts" / "plan_readme_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = (repo_root() / "README.md").read_text(encoding="utf-8")
+    assert mod.render(text) == text
+    assert "| Mistral-7B-v0.1 | 8,192 | 74 | 148 |" in plan_exp.readme_table(rows=[("Mistral-7B-v0.1", 8192)])
+
+
+def test_cli_plans_any_model_on_any_gpu(capsys, tmp_path):
+    assert cli.main(["plan", "Qwen3-32B", "--gpu", "A100-80GB", "--gpus", "2", "--tp", "2", "--context", "32k",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu"] == "A100-80GB" and out["rows"][0]["requests"] > 0 and out["rows"][0]["itl_ms"] > 0
+    assert {r["dtype"]: r["kernel"] for r in out["rows"]}["fp8_e4m3"] == "emulated"
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(models.model_record("Llama-3.1-8B")["config"]))
+    assert cli.main(["plan", str(cfg), "--gpu-memory-gib", "40", "--bandwidth-tbs", "1", "--context", "8k",
+                     "--engine", "vllm", "--dtypes", "bf16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu_total_gib"] == 40 and out["bandwidth_tbs"] == 1 and out["weights_gib"] == 2 * 8030261248 / GIB
+    assert cli.main(["gpus", "--json"]) == 0
+    assert any(g["name"] == "MI355X" for g in json.loads(capsys.readouterr().out))
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--gpu", "H999", "--context", "8k"], "--gpu"),
+    (["--gpu", "H100", "--context", "8k", "--bandwidth-tbs", "-1"], "--bandwidth-tbs"),
+    (["--gpu", "H100", "--context", "8k", "--params", "lots"], "--params"),
+    (["--gpu", "H100", "--context", "8k", "--weights-dtype", "int3"], "--weights-dtype"),
+    (["--gpu", "H100", "--context", "8k", "--swa-full"], "--swa-full"),
+    (["--gpu", "H100", "--context", "8k", "--reserve-gib", "-5"], "--reserve-gib"),
+    (["--gpu", "H100", "--context", "8k", "--efficiency", "2"], "--efficiency"),
+    (["--gpu", "H100", "--context", "8k", "--tp", "3"], "--tp"),
+])
+def test_bad_input_is_one_error_line_naming_the_flag(capsys, argv, flag):
+    assert cli.main(["plan", "Llama-3.1-8B", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1 and flag in err
+
+
+def test_longest_context_text_agrees_with_its_warning(capsys):
+    assert cli.main(["size", "Llama-3.1-8B", "--dtype", "q8_0", "--budget-gib", "24"]) == 0
+    cap = capsys.readouterr()
+    line = next(x for x in cap.out.splitlines() if x.startswith("longest context in 24 GiB"))
+    assert line.split(None, 5)[5] == ("131,072 tokens (the model's max_position_embeddings; memory alone: "
+                                      "370,085 tokens)")
+    assert "longest context reported as 131,072" in cap.err
