@@ -20,7 +20,7 @@ import pandas as pd
 
 from . import attention, floats, realmodel, synthetic
 from .experiments import flat_sum, needle, realmodel_passkey
-from .numerics import accum, fa3, tensorcore
+from .numerics import accum, fa3, instructions, oracle, tensorcore
 from .output import repo_root
 
 __all__ = ["BENCHMARKS", "BenchResult", "main", "run"]
@@ -127,6 +127,35 @@ def bench_tensorcore_dot() -> list[BenchResult]:
             rows.append(BenchResult(f"tensorcore.dot e4m3 {label} (promote {promote}) vs numpy", t_fast, ratio,
                                     "x faster", bar, same and ratio >= bar,
                                     f"numpy {t_ref:.3f} s; results {'identical' if same else 'DIFFERENT'}"))
+    return rows
+
+
+#: One unit per instruction family of ../shared/CONTRACT.md's list, for the speed table.
+BENCH_UNITS = [("Hopper", "m64n8k32.f32.e4m3.e4m3"), ("Hopper", "m64n8k16.f32.bf16.bf16"),
+               ("Ada Lovelace", "m16n8k32.f32.e4m3.e4m3.f32"), ("Blackwell", "m64n8k32.kind::f8f6f4.f32.e4m3.e4m3"),
+               ("Blackwell", "m128n8k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0"),
+               ("Blackwell", "m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3"), ("CDNA3", "f32_16x16x32_fp8_fp8")]
+
+
+def bench_units_vs_mmasim() -> list[BenchResult]:
+    """Each tensor-core unit (tensorcore.matmul) against MMA-Sim on the same inputs: a chain of 16 instructions
+    along K over 4 x 4 instruction tiles (m = 4·m_instr, n = 4·n_instr), the oracle's random case. Identical
+    results required; the issue's bar is 1,000x MMA-Sim's instructions per second."""
+    rows = []
+    for arch, instr in BENCH_UNITS:
+        unit = instructions.get(arch, instr)
+        kw = next(iter(oracle.cases(unit, 0, m=unit.m * 4, n=unit.n * 4, steps=16)))[1]     # the random case
+        args = (kw["a"], kw["b"], kw["c"], kw.get("scale_a"), kw.get("scale_b"))
+        tensorcore.matmul_unit(unit, *args)                                   # warm-up (compile / cache load)
+        t_ours, ours = _best_of(lambda u=unit, a=args: tensorcore.matmul_unit(u, *a), 3)
+        t_sim, theirs = _best_of(lambda a=args, ar=arch, i=instr: oracle.sim_matmul(ar, i, *a), 1)
+        n_instr = 16 * 16
+        same = not oracle.compare(ours, theirs).any()
+        ratio = t_sim / t_ours
+        rows.append(BenchResult(f"unit {arch} {instr}: matmul vs MMA-Sim, {n_instr} instructions", t_ours, ratio,
+                                "x MMA-Sim", 1000.0, bool(same and ratio >= 1000),
+                                f"{n_instr / t_ours:,.0f} instructions/s (MMA-Sim {n_instr / t_sim:,.0f}); "
+                                f"{'identical' if same else 'DIFFERENT'}"))
     return rows
 
 
@@ -239,6 +268,7 @@ BENCHMARKS: list[Callable[[], list[BenchResult]]] = [
     bench_e8m13_flat,
     bench_needle_table,
     bench_tensorcore_dot,
+    bench_units_vs_mmasim,
     bench_fa3_attend,
     bench_real_model,
 ]

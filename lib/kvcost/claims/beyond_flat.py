@@ -10,7 +10,7 @@ from ..output import repo_root
 from ..provenance import checked
 from .report import Check, value_check
 
-__all__ = ["beyond_flat_checks", "load_published"]
+__all__ = ["LAW_FACTOR", "beyond_flat_checks", "load_published", "unit_checks"]
 
 
 def load_published() -> pd.DataFrame:
@@ -97,4 +97,57 @@ def beyond_flat_checks(sweep: pd.DataFrame, flush: pd.DataFrame, deepseek: pd.Da
         "DeepSeek-V3: promoting into fp32 every N_C = 128 elements fixes it", "fixed",
         f"normwise error with promotion at most {worst_p:.2g} over these inputs (without: up to "
         f"{float(ds['normwise_rel_error'].max()):.2g})", worst_p < 0.002))
+    return checks
+
+
+#: How far apart (max / min) the error constants c = rel_error / (n·2^-F) of two registers may be for
+#: the n·2^-F law to "hold" across them: the law predicts the scaling, not the constant.
+LAW_FACTOR = 4.0
+
+
+def _law_constants(errors: pd.DataFrame, bits: pd.Series) -> pd.DataFrame:
+    """c = rel_error / (n · 2^-bits) for each unit without promotion, where the error is measurable and not
+    saturated (0 < rel_error < 0.1): the constant of the n·2^-F law."""
+    e = errors[~errors["promoted"] & (errors["rel_error"] > 0) & (errors["rel_error"] < 0.1)].copy()
+    e["bits"] = e["unit"].map(bits)
+    e["c"] = e["rel_error"] / (e["n"] * 2.0 ** -e["bits"])
+    return e
+
+
+def unit_checks(probe: pd.DataFrame, errors: pd.DataFrame) -> list[Check]:
+    """Verdict rows for notebook 04b's units section: the probe against the registry's F, promotion, and
+    the n·2^-F law read at F = 13, 25 and 35 (``probe``: experiments.beyond_flat.unit_probe_table;
+    ``errors``: unit_error_table)."""
+    checks = []
+    pr = probe.set_index("unit")
+    reg = pr["rounding"].map(lambda r: 13 if r == "RZ-E8M13" else 23)
+    expect = pr["F"].clip(upper=reg)
+    bad = sorted(pr.index[pr["kept_bits"] != expect])
+    checks.append(Check("Each unit keeps min(F, its register's fraction bits) beside a large term", "every unit",
+                        "kept bits: " + ", ".join(f"{u} {int(k)}" for u, k in pr["kept_bits"].items()) +
+                        (f"; differ: {bad}" if bad else ""), not bad,
+                        "F beyond 23 (tcgen05's 25, the block-scaled kinds' 35) is hidden by the fp32 register"))
+    nmax = int(errors["n"].max())
+    last = errors[errors["n"] == nmax].set_index(["unit", "promoted"])["rel_error"]
+    worse = [u for u in pr.index if (u, True) in last and last[(u, True)] > last[(u, False)]]
+    top = max(float(last[(u, True)]) for u in pr.index if (u, True) in last)
+    checks.append(Check(f"Promotion into fp32 every 128 terms bounds the error (n = {nmax:,})", "every unit",
+                        f"promoted error at most {top:.2g}; no better than without on {worse or 'no unit'}",
+                        not worse and top < 1e-3))
+    lc = _law_constants(errors, pr["F"])
+    for f, g in lc.groupby("bits"):
+        units = ", ".join(sorted(set(g["unit"])))
+        ratio = float(g["c"].max() / g["c"].min())
+        checks.append(Check(f"The n·2^-F law at F = {int(f)} ({units}): error grows as n",
+                            f"c = error / (n·2^-F) within {LAW_FACTOR:g}x over n",
+                            f"c {g['c'].min():.2g} to {g['c'].max():.2g} over n = {int(g['n'].min()):,} to "
+                            f"{int(g['n'].max()):,} ({ratio:.2g}x)", ratio <= LAW_FACTOR,
+                            "points where 0 < error < 0.1, no promotion"))
+    lk = _law_constants(errors, pr["kept_bits"])
+    med = lk.groupby("unit")["c"].median()
+    checks.append(Check("One constant across GPUs once F is read as the bits a unit keeps (min(F, register))",
+                        f"medians within {LAW_FACTOR:g}x",
+                        "median c: " + ", ".join(f"{u} {v:.2g}" for u, v in med.items()) +
+                        f" ({float(med.max() / med.min()):.2g}x apart)", float(med.max() / med.min()) <= LAW_FACTOR,
+                        "the register's rounding sets the constant: truncation (RZ) drifts, CDNA3's nearest does not"))
     return checks

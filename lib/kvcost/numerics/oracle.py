@@ -23,8 +23,9 @@ from mmasim.amd import MFMA
 from mmasim.nv_ptx import MMA, WGMMA, MMABlockScale, TCGen05MMA, TCGen05MMABlockScale
 
 from .instructions import OPERAND_TYPES, Unit, get
+from .tensorcore import matmul_unit
 
-__all__ = ["CASES", "cases", "compare", "sim_matmul", "type_values"]
+__all__ = ["CASES", "cases", "compare", "sim_matmul", "type_values", "validate"]
 
 _CLASSES = {"mma": MMA, "mma_block": MMABlockScale, "wgmma": WGMMA, "tcgen05": TCGen05MMA,
             "tcgen05_block": TCGen05MMABlockScale, "mfma": MFMA}
@@ -203,3 +204,29 @@ def cases(unit: Unit, seed: int, *, m: int = 16, n: int = 8, steps: int = 1) -> 
             kw["scale_a"] = _scales(unit, rng, (m, kk // unit.block), case)
             kw["scale_b"] = _scales(unit, rng, (kk // unit.block, n), case)
         yield case, kw
+
+
+
+def validate(unit: Unit, instructions: int, seed: int = 0, *, tile: tuple[int, int] = (8, 8),
+             steps: int = 4) -> list[dict]:
+    """Run :func:`cases` through :func:`kvcost.tensorcore.matmul_unit` and :func:`sim_matmul` until at least
+    ``instructions`` instructions (each of the unit's own m×n×k) have been compared; a batch is ``tile``
+    instructions along m and n and ``steps`` along K (``long_k``: 16). One row per case: how many
+    instructions and outputs it covered and how many outputs differ (bit patterns, NaN as NaN)."""
+    m, n = unit.m * tile[0], unit.n * tile[1]
+    per = {c: {"case": c, "instructions": 0, "outputs": 0, "mismatches": 0} for c in CASES}
+    done = 0
+    batch = seed
+    while done < instructions:
+        for case, kw in cases(unit, batch, m=m, n=n, steps=steps):
+            ours = matmul_unit(unit, kw["a"], kw["b"], kw["c"], kw.get("scale_a"), kw.get("scale_b"))
+            theirs = sim_matmul(unit.arch, unit.instr, kw["a"], kw["b"], kw["c"], kw.get("scale_a"),
+                                kw.get("scale_b"))
+            count = tile[0] * tile[1] * (kw["a"].shape[1] // unit.k)
+            row = per[case]
+            row["instructions"] += count
+            row["outputs"] += ours.size
+            row["mismatches"] += int(compare(ours, theirs).sum())
+            done += count
+        batch += 1
+    return list(per.values())

@@ -1,12 +1,21 @@
-"""Hopper's FP8 tensor-core accumulation, emulated bit for bit (as the public probes describe it).
+"""Tensor-core arithmetic: every GPU's MMA units bit for bit MMA-Sim, and the products-only FP8 model.
 
-One FP8 WGMMA instruction adds k = 32 exact products (along the contraction) to the
-accumulator C of each output element. Per column, with emax = floor(log2 max(|C|, |p_i|)),
-every term (C included) is cut to a multiple of 2^(emax - frac_bits) -- toward zero in
-sign-magnitude on Hopper -- the cut terms are summed exactly, and the sum is truncated
-toward zero to e8m13 (13 fraction bits): what the probes measure (SageAttention2, arXiv
-2411.10958; huweim/emulation_sys ``tc_acc_bitwidth_fp8.cu``; DeepSeek-V3 §3.3.2 says "around
-14 bits"). Sources and what each says: ``data/fa3_kernel_facts.md``.
+**The units** -- :func:`matmul` (``arch``, ``instr``: MMA-Sim's names, :mod:`kvcost.numerics.instructions`)
+computes D = A·B + C as the chain of that instruction along K, bit for bit MMA-Sim (PyPI ``mmasim`` 2.1.1,
+microsoft/MMA-Sim, arXiv 2511.10909), which its authors validated on the GPUs; ``tests/test_units.py`` and
+the committed ``data/tensorcore/validation.json`` hold every unit to it. Per instruction step, every product
+is aligned by the **sum of its operands' exponents** (its significand product lies in [1, 4)), a zero term
+by the unit's e_zero; each term is cut toward zero to a multiple of 2^(e_max - F), the cut terms are summed
+exactly and the sum written to the register (Hopper FP8: F = 13, truncated to e8m13; Blackwell tcgen05:
+F = 25, fp32 truncated; block-scaled MX / NVFP4: 16-term exact groups, F = 35; CDNA3 FP8: even and odd
+halves at F = 24, combined at F2 = 31, rounded to nearest fp32). One compiled kernel serves every unit.
+
+**The products-only model** -- :func:`mma` and :func:`dot` take exact products, not operands, so they
+align to floor(log2 |a·b|): one bit coarser than the hardware whenever a significand product is >= 2.
+They are what the public probes measure (SageAttention2, arXiv 2411.10958; huweim/emulation_sys
+``tc_acc_bitwidth_fp8.cu``; DeepSeek-V3 §3.3.2) and agree with the units wherever C dominates the
+instruction, not where the products decide (C = 0). Kept for the accumulation studies of notebook 04b,
+where ``frac_bits`` / ``out`` / ``promote_every`` make any register; sources: ``data/fa3_kernel_facts.md``.
 
 - :func:`mma`: one instruction, ``c`` (cols,) and ``products`` (k, cols);
 - :func:`dot`: a chain of instructions over consecutive groups of ``k`` terms, optionally
@@ -20,9 +29,6 @@ rounds the sum to nearest fp32, ``out="exact"`` keeps it, and ``out="e8mN"`` tru
 fraction bits (the register of a narrower unit: ``frac_bits=N, out="e8mN"``). Products must
 be exact in float64 (true when each operand has at most 26 significant bits: every FP8,
 bf16 and fp32 operand). NaN or inf among the terms gives their IEEE sum.
-
-The compiled kernel ``_mma_rows`` (one instruction for a row of outputs) and its float32-lane twin
-``_mma_rows32`` (e4m3 operands, truncating register) are shared with :mod:`kvcost.fa3`.
 """
 from __future__ import annotations
 
@@ -53,7 +59,7 @@ from ._jit import (
 from .instructions import OPERAND_TYPES, SCALE_TYPES, Unit, get
 
 __all__ = ["FRAC_BITS", "K_FP8", "OUTS", "ROUNDINGS", "dot", "dot_reference", "matmul", "matmul_unit", "mma",
-           "out_args", "register_format"]
+           "operand_values", "out_args", "register_format"]
 
 ROUNDINGS = ("toward_zero", "nearest")
 #: ``exact``, ``fp32`` (round to nearest), or any ``e8mN`` format (truncated toward zero).
@@ -346,6 +352,47 @@ def _matmul_nb(a, b, c, aw, bw, sa, sb, sw_a, sw_b, scheme, group, g, block, fb,
     return out
 
 
+def operand_values(t: str) -> np.ndarray:
+    """Every finite value of a 16-bit-or-narrower operand type (``bf16``, ``e4m3``, ``e2m1``, ``fp8`` ...), sorted."""
+    if t not in OPERAND_TYPES or OPERAND_TYPES[t][2] > 2:
+        raise ValueError(f"parameter 't' must be a 16-bit or narrower operand type "
+                         f"({[k for k, v in OPERAND_TYPES.items() if v[2] <= 2]}), got {t!r}")
+    name, _, size = OPERAND_TYPES[t]
+    dt = getattr(ml_dtypes, name) if hasattr(ml_dtypes, name) else np.dtype(name)
+    bits = 4 if t == "e2m1" else 6 if t in ("e3m2", "e2m3") else 8 * size
+    codes = np.arange(1 << bits, dtype=np.uint8 if size == 1 else np.uint16)
+    with np.errstate(invalid="ignore"):
+        vals = codes.view(dt).astype(np.float64)
+    return np.unique(vals[np.isfinite(vals)])
+
+
+def _rounding_out(rounding: str) -> tuple[int, int]:
+    if rounding in _ROUNDING_OUT:
+        return _ROUNDING_OUT[rounding]
+    if rounding.startswith("RZ-E8M") and rounding[6:].isdigit() and 1 <= int(rounding[6:]) <= 23:
+        return OUT_TRUNC_INF, int(rounding[6:])
+    raise ValueError(f"unit rounding must be one of {list(_ROUNDING_OUT)} or 'RZ-E8MN' (1 <= N <= 23), "
+                     f"got {rounding!r}")
+
+
+def _promoted(u: Unit, a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, every: int) -> np.ndarray:
+    every = _check_pos_int("promote_every", every)
+    if every % u.k:
+        raise ValueError(f"parameter 'promote_every' must be a multiple of the instruction's k = {u.k}, got {every}")
+    aa, bb = np.asarray(a), np.asarray(b)
+    reg = np.asarray(c, dtype=np.float32).copy()
+    zero = np.zeros_like(reg)
+    for k0 in range(0, aa.shape[1] if aa.ndim == 2 else 0, every):
+        k1 = min(k0 + every, aa.shape[1])
+        sc = {}
+        if u.block:
+            sc = {"scale_a": np.asarray(scale_a)[:, k0 // u.block:k1 // u.block],
+                  "scale_b": np.asarray(scale_b)[k0 // u.block:k1 // u.block]}
+        part = matmul_unit(u, aa[:, k0:k1], bb[k0:k1], zero, sc.get("scale_a"), sc.get("scale_b"))
+        reg = (reg + part).astype(np.float32)          # float32 + float32: one correct rounding
+    return reg
+
+
 def _operand(x: Any, name: str, dtype_name: str, shape_ok: str) -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype.kind not in "biuf" or arr.ndim != 2:
@@ -364,7 +411,8 @@ def _representable(x: np.ndarray, name: str, tname: str, dtype_name: str) -> Non
                          f"({dtype_name}); {np.count_nonzero(bad)} are not, e.g. {v!r}")
 
 
-def matmul(a: Any, b: Any, c: Any, *, arch: str, instr: str, scale_a: Any = None, scale_b: Any = None) -> np.ndarray:
+def matmul(a: Any, b: Any, c: Any, *, arch: str, instr: str, scale_a: Any = None, scale_b: Any = None,
+           promote_every: int | None = None) -> np.ndarray:
     """D = A·B + C through ``arch``'s instruction ``instr``, chained along K (each step fed the previous D
     as its C), bit for bit as MMA-Sim computes it. Names and arithmetic: :mod:`kvcost.numerics.instructions`.
 
@@ -372,14 +420,21 @@ def matmul(a: Any, b: Any, c: Any, *, arch: str, instr: str, scale_a: Any = None
     type (e2m1 as values; tf32 operands are float32 values truncated to tf32 as the hardware reads them);
     ``c`` (m, n): float32 (float16 for ``.f16`` accumulators) values. K is a multiple of the
     instruction's k; m and n are free. Block-scaled kinds take ``scale_a`` (m, K // block) and ``scale_b``
-    (K // block, n): ue8m0 powers of two, or non-negative e4m3 values for ue4m3. Returns float32 (m, n).
+    (K // block, n): ue8m0 powers of two, or non-negative e4m3 values for ue4m3. ``promote_every=N`` (a
+    multiple of k; not part of the instruction): every N terms along K the unit's partial, started from
+    zero, is added into a true fp32 register (round to nearest), as CUTLASS' ``GmmaFP8Accumulation`` and
+    DeepSeek-V3's N_C = 128 do; the register starts at c. Returns float32 (m, n).
     """
-    return matmul_unit(get(arch, instr), a, b, c, scale_a, scale_b)
+    return matmul_unit(get(arch, instr), a, b, c, scale_a, scale_b, promote_every)
 
 
-def matmul_unit(u: Unit, a: Any, b: Any, c: Any, scale_a: Any = None, scale_b: Any = None) -> np.ndarray:
+def matmul_unit(u: Unit, a: Any, b: Any, c: Any, scale_a: Any = None, scale_b: Any = None,
+                promote_every: int | None = None) -> np.ndarray:
     """:func:`matmul` on a :class:`~kvcost.numerics.instructions.Unit` given directly (a registered one, or
-    one with its arithmetic changed on purpose: a narrower register, another zero exponent)."""
+    one with its arithmetic changed on purpose: ``dataclasses.replace(unit, frac_bits=N, rounding="RZ-E8MN")``
+    narrows the register)."""
+    if promote_every is not None:
+        return _promoted(u, a, b, c, scale_a, scale_b, promote_every)
     arch, instr = u.arch, u.instr
     aa = _operand(a, "a", "", "(m, K)")
     bb = _operand(b, "b", "", "(K, n)")
@@ -416,7 +471,7 @@ def matmul_unit(u: Unit, a: Any, b: Any, c: Any, scale_a: Any = None, scale_b: A
         swa, swb = _weights_nb(sa, semin), _weights_nb(sb, semin)
     elif scale_a is not None or scale_b is not None:
         raise ValueError(f"parameters 'scale_a' / 'scale_b' apply only to block-scaled instructions, not {instr}")
-    okind, om = _ROUNDING_OUT[u.rounding]
+    okind, om = _rounding_out(u.rounding)
     cmin = 2.0 ** (-14 if u.c_type == "f16" else FP32_EMIN)
     zw = 2.0 ** u.e_zero if u.scheme != "GTR" else 0.0
     aw = _weights_nb(aa, OPERAND_TYPES[u.a_type][1])

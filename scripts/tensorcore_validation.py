@@ -1,0 +1,87 @@
+"""Hold every tensor-core unit to MMA-Sim on >= 100,000 instructions each and commit the count as data.
+
+    nice -n 10 .venv/bin/python scripts/tensorcore_validation.py               # the committed run
+    .venv/bin/python scripts/tensorcore_validation.py --unit 'Hopper|m64n8k32.f32.e4m3.e4m3' --instructions 2000
+
+Runs :func:`kvcost.numerics.oracle.validate` (every case of ``oracle.CASES``: C = 0, significands near 2,
+large C, subnormals, tiny products, cancellation, long K chains, zero blocks and scales, NaN and inf,
+overflow) for each unit and writes ``validation.csv`` (a row per unit and case: instructions, outputs,
+mismatches) and ``validation.json`` beside it: the command, the date, the versions (mmasim and torch
+included), the git commit, per-unit totals and the sha256 of the CSV. ``tests/test_units.py`` reads it.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a checkout without `make setup`
+
+from kvcost import provenance
+from kvcost.numerics import instructions, oracle
+from kvcost.output import repo_root
+from kvcost.script_args import int_at_least
+
+#: The units ../shared/CONTRACT.md names (docs/api.md); tests/test_units.py samples more on every run.
+UNITS = [
+    "Hopper|m64n8k32.f32.e4m3.e4m3", "Hopper|m64n8k32.f32.e5m2.e4m3", "Hopper|m64n8k16.f32.bf16.bf16",
+    "Ada Lovelace|m16n8k32.f32.e4m3.e4m3.f32", "RTX Blackwell|m16n8k32.f32.e4m3.e4m3.f32",
+    "Blackwell|m64n8k32.kind::f8f6f4.f32.e4m3.e4m3",
+    "Blackwell|m128n8k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0",
+    "Blackwell|m128n8k64.kind::mxf4.block32.f32.e2m1.e2m1.ue8m0",
+    "Blackwell|m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3", "CDNA3|f32_16x16x32_fp8_fp8",
+]
+
+
+def _unit(text: str) -> instructions.Unit:
+    arch, _, instr = text.partition("|")
+    return instructions.get(arch, instr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--unit", action="append", help="'ARCH|INSTR' (repeatable; default: every unit of UNITS)")
+    ap.add_argument("--instructions", type=int_at_least(1), default=100_000, help="instructions per unit")
+    ap.add_argument("--seed", type=int_at_least(0), default=0)
+    ap.add_argument("--out", type=Path, default=repo_root() / "data" / "tensorcore" / "validation.csv")
+    args = ap.parse_args(argv)
+    try:
+        units = [_unit(u) for u in (args.unit or UNITS)]
+    except ValueError as err:
+        ap.error(f"--unit: {err}")
+    rows, totals = [], []
+    for u in units:
+        t0 = time.time()
+        got = oracle.validate(u, args.instructions, args.seed)
+        secs = time.time() - t0
+        rows += [{"arch": u.arch, "instr": u.instr, **r} for r in got]
+        tot = {"arch": u.arch, "instr": u.instr, "instructions": sum(r["instructions"] for r in got),
+               "outputs": sum(r["outputs"] for r in got), "mismatches": sum(r["mismatches"] for r in got),
+               "seconds": round(secs)}
+        totals.append(tot)
+        print(f"{u.arch} {u.instr}: {tot['instructions']} instructions, {tot['mismatches']} mismatches "
+              f"({secs:.0f} s)", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(args.out, index=False)
+    meta = {
+        "command": "python scripts/tensorcore_validation.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "git_commit": provenance.git_commit(),
+        "versions": provenance.versions(["numpy", "numba", "ml_dtypes", "torch", "mmasim"]),
+        "oracle": "MMA-Sim (PyPI mmasim 2.1.1, microsoft/MMA-Sim, arXiv 2511.10909): sim(A, B, C[, scale_a, "
+                  "scale_b]) chained along K, one instruction per step",
+        "seed": args.seed,
+        "units": totals,
+        "sha256": {args.out.name: provenance.sha256(args.out)},
+    }
+    args.out.with_suffix(".json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return 0 if all(t["mismatches"] == 0 for t in totals) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
