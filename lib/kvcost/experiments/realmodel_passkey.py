@@ -91,8 +91,9 @@ def build_prompt(tok: Any, context: int, depth: float, seed: int) -> Prompt:
 
 def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
     """``(kind, options)`` of a variant name: ``exact``, ``store:<fmt>``, ``fa3[:k=v,...]``,
-    ``fa3full[:k=v,...]`` (options: ``frac_bits``, ``flush_every``, ``p_format``, and for
-    ``fa3`` ``rows``: ``tail`` (question and answer, the default) or ``answer``)."""
+    ``fa3full[:k=v,...]`` (options: ``frac_bits`` (the P·V register alone), ``qk_frac_bits`` (QKᵀ's),
+    ``flush_every``, ``p_format``, ``arch`` (the GPU whose FP8 unit runs the kernel, e.g. ``Blackwell``),
+    and for ``fa3`` ``rows``: ``tail`` (question and answer, the default) or ``answer``)."""
     if name == "exact":
         return "exact", {}
     if name.startswith(STORE_PREFIX):
@@ -105,10 +106,13 @@ def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
     out: dict[str, Any] = {}
     for item in filter(None, opts.split(",")):
         k, _, v = item.partition("=")
-        if k in ("frac_bits", "flush_every"):
+        if k in ("frac_bits", "qk_frac_bits", "flush_every"):
             out[k] = int(v)
         elif k == "p_format":
             out[k] = v
+        elif k == "arch":
+            fa3.unit_for(v.replace("_", " "))          # 'Ada_Lovelace' in a variant name: no spaces there
+            out[k] = v.replace("_", " ")
         elif k == "rows" and kind == "fa3" and v in ROWS:
             if v != "tail":
                 out[k] = v
