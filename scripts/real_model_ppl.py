@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     model, tok = realmodel.load(args.threads)
-    ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+    ids = tok(provenance.checked(TEXT).read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
     if len(ids) < args.tokens:
         raise SystemExit(f"real_model_ppl.py: error: --tokens {args.tokens}: the text has only {len(ids)} tokens")
     args.out.parent.mkdir(parents=True, exist_ok=True)

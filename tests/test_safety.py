@@ -92,8 +92,12 @@ def test_a_crafted_tables_json_deletes_nothing_outside_the_folder(tmp_path, toy)
 # ----------------------------------------------------------------------------- 2. committed tables are checked
 
 def _committed_tables():
+    """Every committed data file a reader loads: tables, arrays, the model records, the post's printed output
+    and the text the real decoder reads (not the JSON provenance files and READMEs about them)."""
     listed = subprocess.run(["git", "ls-files", "data"], cwd=ROOT, capture_output=True, text=True, check=True)
-    return [ROOT / p for p in listed.stdout.split() if p.endswith((".csv", ".npz"))]
+    paths = [ROOT / p for p in listed.stdout.split()]
+    return [p for p in paths if p.suffix in (".csv", ".npz", ".out", ".txt")
+            or (p.parent.name == "models" and p.suffix == ".json" and p.name != provenance.DIGESTS_FILE)]
 
 
 def test_every_committed_table_has_a_recorded_sha256_that_holds():

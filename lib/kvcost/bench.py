@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import attention, floats, realmodel, synthetic
+from . import attention, floats, provenance, realmodel, synthetic
 from .experiments import flat_sum, needle, realmodel_passkey
 from .numerics import accum, fa3, instructions, oracle, tensorcore
 from .output import repo_root
@@ -219,7 +219,7 @@ def _real_model_rows() -> list[BenchResult]:
     model, tok = realmodel.load(2)
     attn = realmodel_passkey.FA3Attention()
     attn.register(model)
-    text = (repo_root() / "data" / "text" / "pride_and_prejudice.txt").read_text(encoding="utf-8")
+    text = provenance.checked(repo_root() / "data" / "text" / "pride_and_prejudice.txt").read_text(encoding="utf-8")
     n = 256
     ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"][:n]])
 

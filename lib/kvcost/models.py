@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .hfconfig import Geometry, from_hf_config, parameter_counts
+from .provenance import DIGESTS_FILE, checked
 
 __all__ = [
     "POST_MODELS",
@@ -49,7 +50,9 @@ def _records() -> dict[str, dict[str, Any]]:
         recs: dict[str, dict[str, Any]] = {}
         folder = models_dir()
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-            rec = json.loads(path.read_text(encoding="utf-8"))
+            if path.name == DIGESTS_FILE:         # the folder's sha256 record, not a model
+                continue
+            rec = json.loads(checked(path).read_text(encoding="utf-8"))
             recs[rec["name"]] = rec
         _RECORDS = recs
     return _RECORDS
