@@ -141,11 +141,18 @@ def _first(d: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, Any]:
     return keys[0], _MISSING
 
 
+#: No count or size in a model config comes near this (layers, heads, dims, positions): larger is an error.
+_INT_MAX = 2**31 - 1
+
+
 def _as_pos_int(key: str, value: Any, prefix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         if isinstance(value, float) and value.is_integer() and value > 0:
-            return int(value)
-        raise ValueError(f"config key {prefix}{key!r} must be a positive integer, got {value!r}")
+            value = int(value)
+        else:
+            raise ValueError(f"config key {prefix}{key!r} must be a positive integer, got {value!r}")
+    if value > _INT_MAX:
+        raise ValueError(f"config key {prefix}{key!r} must be a positive integer below 2^31, got {value:.3g}")
     return value
 
 
