@@ -30,7 +30,7 @@ from kvcost.numerics import instructions, oracle
 from kvcost.output import repo_root
 from kvcost.script_args import int_at_least
 
-#: The units ../shared/CONTRACT.md names (docs/api.md); tests/test_units.py samples more on every run.
+#: The stable units docs/api.md lists; tests/test_units.py samples more on every run.
 UNITS = [
     "Ada Lovelace|m16n8k32.f32.e4m3.e4m3.f32", "RTX Blackwell|m16n8k32.f32.e4m3.e4m3.f32", "CDNA3|f32_16x16x32_fp8_fp8",
     "Hopper|m64n8k32.f32.e4m3.e4m3", "Hopper|m64n8k16.f32.bf16.bf16", "Hopper|m64n8k32.f32.e5m2.e4m3",

@@ -1,6 +1,6 @@
 """kvcost.tensorcore.matmul held to MMA-Sim (the GPU-validated oracle), unit by unit, on the hard cases.
 
-Every unit of the CONTRACT list (and a few more) runs every case of ``oracle.CASES`` on a seeded sample
+Every unit of docs/api.md's stable list (and a few more) runs every case of ``oracle.CASES`` on a seeded sample
 and must match MMA-Sim's ``sim(A, B, C[, scale_a, scale_b])``, chained the same way, bit for bit
 (NaN as NaN). The longer validation (>= 100,000 instructions per unit) is the sweep
 ``tensorcore_validation``; its committed result is checked in ``test_validation_data_says_zero``.
@@ -18,7 +18,7 @@ from kvcost.numerics import oracle
 from kvcost.output import repo_root
 from kvcost.provenance import checked
 
-#: The units ../shared/CONTRACT.md names (docs/api.md): the long validation covers each.
+#: The units docs/api.md lists as stable: the long validation covers each.
 CONTRACT_UNITS = [
     ("Hopper", "m64n8k32.f32.e4m3.e4m3"), ("Hopper", "m64n8k32.f32.e5m2.e4m3"), ("Hopper", "m64n8k16.f32.bf16.bf16"),
     ("Ada Lovelace", "m16n8k32.f32.e4m3.e4m3.f32"), ("RTX Blackwell", "m16n8k32.f32.e4m3.e4m3.f32"),

@@ -130,7 +130,7 @@ def bench_tensorcore_dot() -> list[BenchResult]:
     return rows
 
 
-#: One unit per instruction family of ../shared/CONTRACT.md's list, for the speed table.
+#: One unit per instruction family of the stable list in docs/api.md, for the speed table.
 BENCH_UNITS = [("Hopper", "m64n8k32.f32.e4m3.e4m3"), ("Hopper", "m64n8k16.f32.bf16.bf16"),
                ("Ada Lovelace", "m16n8k32.f32.e4m3.e4m3.f32"), ("Blackwell", "m64n8k32.kind::f8f6f4.f32.e4m3.e4m3"),
                ("Blackwell", "m128n8k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0"),
