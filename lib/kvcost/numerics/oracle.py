@@ -23,7 +23,7 @@ from mmasim.amd import MFMA
 from mmasim.nv_ptx import MMA, WGMMA, MMABlockScale, TCGen05MMA, TCGen05MMABlockScale
 
 from .instructions import OPERAND_TYPES, Unit, get
-from .tensorcore import matmul_unit
+from .tensorcore import matmul_unit, operand_values
 
 __all__ = ["CASES", "cases", "compare", "sim_matmul", "type_values", "validate"]
 
@@ -93,7 +93,9 @@ def type_values(t: str, *, finite: bool = True) -> np.ndarray:
     """Every value of operand type ``t`` (ml_dtypes' codes), finite ones only unless told."""
     name = OPERAND_TYPES[t][0]
     dt = getattr(ml_dtypes, name) if hasattr(ml_dtypes, name) else np.dtype(name)
-    if np.dtype(dt).itemsize == 1:
+    if np.dtype(dt).itemsize == 1 and finite:
+        vals = operand_values(t)                       # the one enumeration of a narrow type's values
+    elif np.dtype(dt).itemsize == 1:
         bits = 4 if t == "e2m1" else 6 if t in ("e3m2", "e2m3") else 8
         vals = np.arange(1 << bits, dtype=np.uint8).view(dt).astype(np.float64)
     else:   # 16/32-bit types: a spread of exponents and significands, and the whole range, subnormals too
