@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["Z95", "wilson", "rate_text", "intervals_overlap", "mcnemar_exact", "mcnemar_min_p", "holm"]
+__all__ = ["Z95", "wilson", "rate_text", "intervals_overlap", "mcnemar_exact", "mcnemar_min_p", "holm",
+           "clustered_rate", "clustered_rate_text"]
 
 Z95 = 1.959963984540054   # the standard normal's 97.5% quantile
 
@@ -106,3 +107,52 @@ def holm(pvalues: object, alpha: float = 0.05, min_pvalues: object = None) -> li
             break
         reject[left.pop(0)] = True
     return reject
+
+
+def _wilson_real(k: float, n: float, z: float) -> tuple[float, float]:
+    """Wilson's interval for a (possibly fractional) count k of n."""
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(max(0.0, p * (1 - p)) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def clustered_rate(successes: object, trials: object, z: float = Z95) -> tuple[float, float, float, float]:
+    """A rate pooled over clusters (``successes[i]`` of ``trials[i]`` in cluster i) with a 95% interval
+    that respects the clustering: ``(rate, lo, hi, n_eff)``.
+
+    The pooled rate is sum(k)/sum(n). Its variance is the cluster-robust (sandwich) one,
+    m/(m-1) · sum((k_i - p·n_i)²) / N², which sees only how the clusters' own rates scatter; the design
+    effect deff = that variance over the binomial p(1-p)/N (at least 1), and the interval is Wilson's at
+    the effective number of independent trials n_eff = N/deff (Kish's design effect). Clusters that all
+    share one rate give n_eff = N (Wilson on the pooled count); clusters at 0% and 100% give n_eff about
+    m - 1, one trial per cluster. When every trial agrees (rate 0 or 1) the clusters show no spread to
+    measure, and the interval is taken at n_eff = m (as if each cluster were one trial): the conservative
+    choice. At least two clusters with trials are needed."""
+    ks = list(successes)  # type: ignore[call-overload]
+    ns = list(trials)  # type: ignore[call-overload]
+    if len(ks) != len(ns):
+        raise ValueError(f"parameters 'successes' and 'trials' must have one entry per cluster, got {len(ks)} "
+                         f"and {len(ns)}")
+    pairs = [_counts(k, n) for k, n in zip(ks, ns)]
+    pairs = [(k, n) for k, n in pairs if n > 0]
+    m = len(pairs)
+    if m < 2:
+        raise ValueError(f"parameter 'trials' must give at least two clusters with trials, got {m}")
+    big_k, big_n = sum(k for k, _ in pairs), sum(n for _, n in pairs)
+    p = big_k / big_n
+    if big_k in (0, big_n):
+        n_eff = float(m)
+    else:
+        robust = m / (m - 1) * sum((k - p * n) ** 2 for k, n in pairs) / big_n ** 2
+        n_eff = big_n / max(1.0, robust / (p * (1 - p) / big_n))
+    lo, hi = _wilson_real(p * n_eff, n_eff, z)
+    return p, (0.0 if big_k == 0 else lo), (1.0 if big_k == big_n else hi), n_eff
+
+
+def clustered_rate_text(successes: object, trials: object, unit: str = "clusters") -> str:
+    """``"37/60 = 62% [30%, 89%] (3 heads, effective n 6.1)"``: :func:`clustered_rate` as text."""
+    ks, ns = list(successes), list(trials)  # type: ignore[call-overload]
+    p, lo, hi, n_eff = clustered_rate(ks, ns)
+    m = sum(1 for n in ns if n)
+    return f"{sum(ks)}/{sum(ns)} = {p:.0%} [{lo:.0%}, {hi:.0%}] ({m} {unit}, effective n {n_eff:.2g})"
