@@ -141,7 +141,7 @@ def bench_units_vs_mmasim() -> list[BenchResult]:
     """Each tensor-core unit (tensorcore.matmul) against MMA-Sim on the same inputs: a chain of 16 instructions
     along K over 4 x 4 instruction tiles (m = 4·m_instr, n = 4·n_instr), the oracle's random case. Identical
     results required; the issue's bar is 1,000x MMA-Sim's instructions per second."""
-    rows = []
+    rows, sgemm = [], _sgemm_rate()
     for arch, instr in BENCH_UNITS:
         unit = instructions.get(arch, instr)
         kw = next(iter(oracle.cases(unit, 0, m=unit.m * 4, n=unit.n * 4, steps=16)))[1]     # the random case
@@ -152,11 +152,23 @@ def bench_units_vs_mmasim() -> list[BenchResult]:
         n_instr = 16 * 16
         same = not oracle.compare(ours, theirs).any()
         ratio = t_sim / t_ours
+        macs = n_instr * unit.m * unit.n * unit.k
         rows.append(BenchResult(f"unit {arch} {instr}: matmul vs MMA-Sim, {n_instr} instructions", t_ours, ratio,
                                 "x MMA-Sim", 1000.0, bool(same and ratio >= 1000),
                                 f"{n_instr / t_ours:,.0f} instructions/s (MMA-Sim {n_instr / t_sim:,.0f}); "
+                                f"{macs / t_ours / 1e6:,.0f}M MAC/s = {macs / t_ours / sgemm:.1%} of float32 sgemm here, "
+                                f"the bar needs {1000 * macs / t_sim / sgemm:.0%}; "
                                 f"{'identical' if same else 'DIFFERENT'}"))
     return rows
+
+
+def _sgemm_rate() -> float:
+    """Plain float32 matrix products on this machine (numpy's sgemm, 1024^3, all threads), multiply-adds
+    per second: the yardstick for an emulation's speed that does not move with MMA-Sim's."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((1024, 1024)).astype(np.float32) for _ in range(2))
+    t, _ = _best_of(lambda: a @ b, 5)
+    return 1024 ** 3 / t
 
 
 def bench_fa3_attend() -> list[BenchResult]:
