@@ -11,6 +11,7 @@ import pytest
 from kvcost import formats, quant, sizing, vllm
 from kvcost.storage import CacheSpec, parse_spec
 from kvcost.storage import blockfloat as bf
+from kvcost.storage import turboquant as tq
 
 ALL = formats.all_names()
 RNG = np.random.default_rng(23)
@@ -42,6 +43,9 @@ def test_every_name_has_one_roundtrip(name: str) -> None:
     ("nvfp4", 128 // 2 + 128 // 16), ("nvfp4_4over6", 128 // 2 + 128 // 16), ("mxfp4", 128 // 2 + 128 // 32),
     ("fp4_mx_block16", 128 // 2 + 128 // 16), ("mxfp8", 128 + 128 // 32), ("fp8_e4m3fnuz", 128),
     ("int8_per_token_head", 128 + 4), ("int4_per_token_head", 128 // 2 + 4), ("fp8_per_token_head", 128 + 4),
+    # TurboQuant: one slot of K and V per token and head, counted half to K and half to V
+    ("turboquant_k8v4", 196 // 2), ("turboquant_4bit_nc", 134 // 2), ("turboquant_k3v4_nc", 118 // 2),
+    ("turboquant_3bit_nc", 102 // 2),
 ])
 def test_cache_bytes_of_the_2026_formats(name: str, per_hd: int) -> None:
     g = sizing.from_hf_config({"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -328,6 +332,109 @@ def test_formats_describe_full() -> None:
     assert d["bits_per_value"] == 4.5 and d["element"] == "float4_e2m1fn" and d["engines"]["vllm"] == "nvfp4"
     assert d["bytes_per_value"] == str(Fraction(9, 16))
     assert isinstance(parse_spec("nvfp4"), CacheSpec)
+
+
+# ------------------------------------------------------------------ vLLM's TurboQuant presets
+
+@pytest.mark.parametrize("name, hd, key, value, slot", [
+    # vLLM TurboQuantConfig (config.py): key = hd (fp8) or ceil(hd * b / 8) + 2 (fp16 norm); value =
+    # ceil(hd * b / 8) + 4 (fp16 scale, zero); slot rounded up to even
+    ("turboquant_k8v4", 128, 128, 68, 196), ("turboquant_4bit_nc", 128, 66, 68, 134),
+    ("turboquant_k3v4_nc", 128, 50, 68, 118), ("turboquant_3bit_nc", 128, 50, 52, 102),
+    ("turboquant_k8v4", 256, 256, 132, 388), ("turboquant_4bit_nc", 256, 130, 132, 262),
+    ("turboquant_3bit_nc", 96, 38, 40, 78), ("turboquant_k3v4_nc", 64, 26, 36, 62),
+])
+def test_turboquant_slot_bytes(name: str, hd: int, key: int, value: int, slot: int) -> None:
+    s = formats.turboquant_slot(name, hd)
+    assert (s.key, s.value, s.slot_aligned) == (key, value, slot)
+    assert formats.bytes_per_value(name, hd) == Fraction(slot, 2 * hd)
+    # PR #38479's table (hd 128: 196 / 136 / 120 / 104) reserved a second fp16 norm for the MSE-key presets
+    if hd == 128:
+        assert s.slot + (2 if s.key_bits != 8 else 0) == {"turboquant_k8v4": 196, "turboquant_4bit_nc": 136,
+                                                          "turboquant_k3v4_nc": 120, "turboquant_3bit_nc": 104}[name]
+
+
+def test_turboquant_registry_and_vllm_pages() -> None:
+    assert [formats.bits_per_value(n) for n in formats.TURBOQUANT] == [6.125, 4.1875, 3.6875, 3.1875]
+    assert formats.from_engine("turboquant_3bit_nc", "vllm").family == "turboquant"
+    assert formats.engine_name("turboquant_k8v4", "vllm") == "turboquant_k8v4"
+    assert formats.from_engine("fp8_inc", "vllm").name == "fp8_e4m3"        # torch.float8_e4m3fn, one byte
+    assert formats.get("turboquant_4bit_nc").channel_blocks                  # K's Hadamard mixes channels in order
+    g = sizing.load_model("Llama-3.1-8B")                                   # 8 KV heads x 128
+    # TQFullAttentionSpec.real_page_size_bytes = block_size x num_kv_heads x tq_slot_size
+    for name, slot in [("turboquant_k8v4", 196), ("turboquant_4bit_nc", 134), ("turboquant_3bit_nc", 102)]:
+        assert vllm.page_bytes(g, 16, 1, name) == 16 * 8 * slot
+    assert sizing.cache_bytes(g, 1000, "turboquant_4bit_nc") == 32 * 8 * 134 * 1000
+    with pytest.raises(ValueError, match="'name' must be a TurboQuant preset"):
+        formats.turboquant_slot("turboquant_2bit")
+
+
+def test_turboquant_codebook_is_max_1960() -> None:
+    # vLLM's Lloyd-Max solution for N(0, 1/d), scaled by sqrt(d), against J. Max, "Quantizing for minimum
+    # distortion" (IRE Trans. Inf. Theory IT-6, 1960), the Gaussian tables for 8 and 16 levels; vLLM's
+    # trapezoid rule over +-10.5 sigma moves the outer levels by < 2e-3
+    c3, m3 = tq.lloyd_max(128, 3)
+    c4, _ = tq.lloyd_max(128, 4)
+    assert c3.dtype == np.float32 and np.array_equal(c3, -c3[::-1]) and np.array_equal(m3, (c3[:-1] + c3[1:]) / 2)
+    np.testing.assert_allclose(c3[4:] * np.sqrt(128), [0.2451, 0.7560, 1.3439, 2.1520], atol=2e-3)
+    np.testing.assert_allclose(c4[8:] * np.sqrt(128), [0.1284, 0.3881, 0.6568, 0.9424, 1.2562, 1.6181, 2.0691,
+                                                       2.7326], atol=2e-3)
+
+
+def test_turboquant_keys() -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4000, 128))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    # unit vectors: mean squared error near TurboQuant's D_mse (arXiv 2504.19874: ~0.03 at 3 bits, ~0.009 at 4)
+    assert 0.031 < np.mean(np.sum((tq.key_roundtrip(x, 3, norm_correction=False) - x) ** 2, axis=1)) < 0.036
+    assert 0.0085 < np.mean(np.sum((tq.key_roundtrip(x, 4, norm_correction=False) - x) ** 2, axis=1)) < 0.0100
+    # a key that is a codebook vector in the rotated basis comes back exactly (codes, norm and rotation)
+    h = tq.hadamard(8)
+    assert np.array_equal(h, h.T) and np.allclose(h @ h, np.eye(8), atol=1e-6)
+    c, mid = tq.lloyd_max(8, 3)
+    codes = np.array([3, 4, 2, 5, 3, 4, 1, 6])
+    unit = c[codes] / np.linalg.norm(c[codes])                     # |c[codes]| = 0.79: the codes stay the nearest
+    assert np.array_equal(np.searchsorted(mid, unit.astype(np.float32), side="right"), codes)
+    k = (np.float32(2.0) * unit.astype(np.float32)) @ h            # norm 2, exactly an fp16
+    back = tq.key_roundtrip(k, 3, norm_correction=True)
+    np.testing.assert_allclose(back, k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(tq.key_roundtrip(k, 3, norm_correction=False), 2 * c[codes] @ h, atol=2e-6)
+    # the norm is kept in fp16: 1 + 2^-12 reads back as 1
+    one = np.zeros(8, dtype=np.float32)
+    one[0] = 1 + 2.0 ** -12
+    assert np.linalg.norm(tq.key_roundtrip(one, 4)) == pytest.approx(1.0, abs=1e-6)
+    # k8v4: fp8 e4m3 at scale 1, nearest even, saturating at 448
+    k8 = tq.key_roundtrip(np.array([1.0625, 1.1875, 500.0, -1e4, 0.0], dtype=np.float32), 8)
+    assert list(k8) == [1.0, 1.25, 448.0, -448.0, 0.0]
+    with pytest.raises(ValueError, match="power-of-two last axis"):
+        tq.key_roundtrip(np.ones((2, 96)), 4)
+
+
+def test_turboquant_values() -> None:
+    # scale (max - min) / 15 = 0.25 and min -1 are fp16-exact: the grid comes back exactly
+    v = (-1.0 + 0.25 * np.arange(16)).astype(np.float32)
+    assert np.array_equal(tq.value_roundtrip(v, 4), v)
+    # codes round half up: a value midway between two levels goes to the upper one
+    w = v.copy()
+    w[1] = -0.875                                                  # code 0.5 -> 1 (half to even would give 0)
+    w[5] = 0.375                                                   # code 5.5 -> 6
+    back = tq.value_roundtrip(w, 4)
+    assert back[1] == -0.75 and back[5] == 0.5
+    # 3 bits: 8 levels; scale and min read back as fp16 (0.1 / 7 and 0.3 are not fp16-exact)
+    u = np.linspace(0.3, 0.4, 8, dtype=np.float32)
+    s16, z16 = np.float32(np.float16(np.float32(0.1) / 7)), np.float32(np.float16(0.3))
+    q = np.floor((u - u.min()) / (np.float32(0.4) - np.float32(0.3)) * 7 + 0.5)
+    np.testing.assert_array_equal(tq.value_roundtrip(u, 3), (q * s16 + z16).astype(np.float32))
+    # a constant vector: scale 1e-8 (0 in fp16) reads back as the fp16 minimum
+    assert np.array_equal(tq.value_roundtrip(np.full(4, 0.1, np.float32), 3), np.full(4, np.float16(0.1), np.float32))
+    # through the registry: role picks K's or V's half; store_kv takes both
+    x = _x((2, 16, 128), spread=0.5)
+    assert np.array_equal(quant.roundtrip(x, "turboquant_k3v4_nc", role="v"), tq.value_roundtrip(x, 4))
+    assert np.array_equal(quant.roundtrip(x, "turboquant_k3v4_nc", role="k"), tq.key_roundtrip(x, 3))
+    k, vv = quant.store_kv(x, x, "turboquant_3bit_nc")
+    assert np.array_equal(k, tq.key_roundtrip(x, 3)) and np.array_equal(vv, tq.value_roundtrip(x, 3))
+    with pytest.raises(ValueError, match="'bits'"):
+        tq.value_roundtrip(x, 2)
 
 
 # ------------------------------------------------------------------ torchao's reference, bit for bit

@@ -37,6 +37,12 @@ Names understood by :func:`get`:
 ``mxfp4``,                OCP MX v1.0: E2M1 elements, an E8M0 scale per 32 values (4.25
 ``fp4_mx_block16``,       bits); SGLang's E2M1 with an E8M0 scale per 16 (4.5 bits); E4M3
 ``mxfp8``                 elements and an E8M0 scale per 32 (8.25 bits)
+``turboquant_k8v4``,      vLLM's TurboQuant presets: K as fp8 e4m3 (k8) or Lloyd-Max codes of
+``turboquant_4bit_nc``,   the Hadamard-rotated unit vector plus an fp16 norm (4 / 3 bits,
+``turboquant_k3v4_nc``,   ``_nc``: the codes' vector re-normalized on read), V as asymmetric
+``turboquant_3bit_nc``    uniform 4 / 3-bit codes with an fp16 scale and zero per head vector; K
+                          and V share one slot per token and head, whose bytes
+                          (:func:`turboquant_slot`) are split evenly between K and V here
 ========================  ==========================================================
 
 Engine spellings (vLLM ``--kv-cache-dtype``, llama.cpp ``-ctk``/``-ctv``, SGLang
@@ -57,7 +63,7 @@ from fractions import Fraction
 __all__ = [
     "Format", "get", "names", "all_names", "bytes_per_value", "bits_per_value", "row_bytes",
     "fixed_bytes", "describe", "describe_full", "engine_name", "from_engine", "ENGINES", "GGML_BLOCKS", "BLOCK_FLOATS",
-    "NAMES_2026",
+    "NAMES_2026", "TURBOQUANT", "TurboQuantSlot", "turboquant_slot",
 ]
 
 #: llama.cpp block formats usable for the KV cache (ggml-common.h block structs):
@@ -85,6 +91,18 @@ BLOCK_FLOATS: dict[str, tuple[int, str, int, str, int, str, str]] = {
     "mxfp8": (32, "float8_e4m3fn", 8, "float8_e8m0fnu", 1, "mx", "OCP MXFP8: E4M3 values, an E8M0 scale per 32"),
 }
 
+#: vLLM's TurboQuant presets (``vllm/model_executor/layers/quantization/turboquant/config.py``, ``TQ_PRESETS``;
+#: data/storage_formats.md): name -> (key bits: 8 = fp8 e4m3 keys, 3 / 4 = Lloyd-Max codes; value bits;
+#: norm correction).
+TURBOQUANT: dict[str, tuple[int, int, bool]] = {
+    "turboquant_k8v4": (8, 4, False),
+    "turboquant_4bit_nc": (4, 4, True),
+    "turboquant_k3v4_nc": (3, 4, True),
+    "turboquant_3bit_nc": (3, 3, True),
+}
+_TQ_NORM_BYTES = 2        # the key's vec_norm, fp16 (vLLM >= 0.20; PR #38479 as merged reserved 2 more: res_norm)
+_TQ_VALUE_META_BYTES = 4  # the value's fp16 scale and fp16 zero (its minimum)
+
 #: The fp8 element types of the ``fp8_*`` names (ml_dtypes spellings).
 _FP8_ELEMENTS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "float8_e4m3fnuz"}
 
@@ -96,7 +114,8 @@ ENGINES: dict[str, dict[str, str]] = {
     "vllm": {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
              "fp8_e5m2": "fp8_e5m2", "fp8_per_token_head": "fp8_e4m3_token",
              "int8_per_token_head": "int8_token", "int4_per_token_head": "int4_token",
-             "nvfp4": "nvfp4", "nvfp4_4over6": "nvfp4_4over6"},
+             "nvfp4": "nvfp4", "nvfp4_4over6": "nvfp4_4over6", "fp8_inc": "fp8_e4m3",
+             **{n: n for n in TURBOQUANT}},
     "llama.cpp": {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1",
                   "q5_0": "q5_0", "q5_1": "q5_1", "iq4_nl": "iq4_nl"},
     "sglang": {"bf16": "bf16", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2",
@@ -157,7 +176,7 @@ class Format:
     residual_format: str = "fp16"
     per_head_meta_bytes: int = 0   # constant bytes per KV head per layer (static scales)
     #: which quantizer stores it (kvcost.quant.roundtrip dispatches on it): float | fp8 | ggml | intk |
-    #: kivi | mx | nvfp4
+    #: kivi | mx | nvfp4 | turboquant
     family: str = "float"
     element: str = ""              # the stored element type (ml_dtypes name, or int8/uint4 codes)
     scale_format: str = ""         # the block / group / token scale's type ("" when none is stored)
@@ -169,12 +188,18 @@ class Format:
 
     @property
     def channel_blocks(self) -> bool:
-        """True when values share a scale in blocks (or groups) of consecutive channels shorter than a
-        head: which channels are neighbours then changes what is stored (K's channel order matters)."""
-        return self.family in ("ggml", "mx", "nvfp4") or (self.family == "intk" and self.scale == "group")
+        """True when what is stored depends on which channels are neighbours: values share a scale in
+        blocks (or groups) of consecutive channels shorter than a head, or (TurboQuant) K is rotated by a
+        Hadamard matrix in the channels' order. K's channel order matters for these."""
+        return (self.family in ("ggml", "mx", "nvfp4", "turboquant")
+                or (self.family == "intk" and self.scale == "group"))
 
     def bytes_per_value(self, head_dim: int | None = None) -> Fraction:
-        """Exact amortized bytes per stored value (``head_dim`` only matters for per-token scales)."""
+        """Exact amortized bytes per stored value (``head_dim`` only matters for per-token scales and
+        TurboQuant's slots, default 128)."""
+        if self.family == "turboquant":
+            d = 128 if head_dim is None else _positive_int("head_dim", head_dim)
+            return Fraction(turboquant_slot(self.name, d).slot_aligned, 2 * d)
         if self.block == 0:
             d = 128 if head_dim is None else _positive_int("head_dim", head_dim)
             return Fraction(self.payload_bits, 8) + Fraction(_SCALE_BYTES_FP8, d)
@@ -192,6 +217,9 @@ class Format:
         is padded up. Group formats (KIVI) are amortized: groups may run along tokens.
         """
         n = _nonneg_int("n_values", n_values)
+        if self.family == "turboquant":
+            d = 128 if head_dim is None else _positive_int("head_dim", head_dim)
+            return math.ceil(n / d) * Fraction(turboquant_slot(self.name, d).slot_aligned, 2)
         if self.block == 0:
             d = 128 if head_dim is None else _positive_int("head_dim", head_dim)
             vectors = math.ceil(n / d)
@@ -199,6 +227,43 @@ class Format:
         if self.scale == "block":
             return math.ceil(n / self.block) * Fraction(self.block_bytes)
         return n * self.bytes_per_value()
+
+
+@dataclass(frozen=True)
+class TurboQuantSlot:
+    """Bytes of one token's K and V in one KV head under a TurboQuant preset (vLLM's ``TurboQuantConfig``):
+    ``key`` (``key_packed_size``), ``value`` (``value_packed_size``), ``slot`` (their sum) and
+    ``slot_aligned`` (rounded up to even, what a page holds per head and token)."""
+
+    name: str
+    head_dim: int
+    key_bits: int
+    value_bits: int
+    norm_correction: bool
+    key: int
+    value: int
+
+    @property
+    def slot(self) -> int:
+        return self.key + self.value
+
+    @property
+    def slot_aligned(self) -> int:
+        return self.slot + self.slot % 2
+
+
+def turboquant_slot(name: str, head_dim: int = 128) -> TurboQuantSlot:
+    """The :class:`TurboQuantSlot` of preset ``name`` at ``head_dim``: K ``head_dim`` fp8 bytes (k8) or
+    ``ceil(head_dim * bits / 8)`` code bytes + a 2-byte fp16 norm; V ``ceil(head_dim * bits / 8)`` + an fp16
+    scale and zero. At head_dim 128: 196, 134, 118, 102 bytes (PR #38479's table, which reserved a second
+    2-byte norm for the MSE-key presets, reads 196, 136, 120, 104)."""
+    if name not in TURBOQUANT:
+        raise ValueError(f"parameter 'name' must be a TurboQuant preset, one of {list(TURBOQUANT)}, got {name!r}")
+    d = _positive_int("head_dim", head_dim)
+    kb, vb, nc = TURBOQUANT[name]
+    key = d if kb == 8 else math.ceil(d * kb / 8) + _TQ_NORM_BYTES
+    value = math.ceil(d * vb / 8) + _TQ_VALUE_META_BYTES
+    return TurboQuantSlot(name, d, kb, vb, nc, key, value)
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -231,6 +296,14 @@ def _build(name: str) -> Format:
         nbytes = Fraction(block * bits, 8) + scale_bytes
         return Format(name, f"{desc} = {nbytes} bytes per {block} values", bits, block, nbytes, scale="block",
                       family=family, element=element, scale_format=scale_t)
+    if name in TURBOQUANT:
+        kb, vb, nc = TURBOQUANT[name]
+        key = "fp8 e4m3 keys" if kb == 8 else (f"{kb}-bit Lloyd-Max codes of Hadamard-rotated unit keys + fp16 norm"
+                                               + (" (norm-corrected)" if nc else ""))
+        return Format(name, f"vLLM TurboQuant: {key}, {vb}-bit uniform values + fp16 scale and zero per head vector; "
+                            f"{turboquant_slot(name).slot_aligned} bytes per token and head (K and V) at head_dim 128",
+                      kb, 0, Fraction(0), scale="token", family="turboquant",
+                      element="float8_e4m3fn" if kb == 8 else f"uint{kb}", scale_format="float16")
     m = re.fullmatch(r"fp8_(e4m3|e5m2|e4m3fnuz)(?:_(tensor|head|token))?", name)
     if m:
         kind, scale = m.group(1), m.group(2) or "tensor"
@@ -312,7 +385,7 @@ def names() -> list[str]:
 
 
 #: The formats 2026 engines ship beyond :func:`names` (issue 23), by their kvcost names.
-NAMES_2026 = ("fp8_e4m3fnuz", *BLOCK_FLOATS, "int8_token", "int4_token")
+NAMES_2026 = ("fp8_e4m3fnuz", *BLOCK_FLOATS, "int8_token", "int4_token", *TURBOQUANT)
 
 
 def all_names() -> list[str]:

@@ -4,7 +4,8 @@ Every function returns what attention would read back from the cache, with the i
 shape ``(..., tokens, channels)``; leading axes (layers, heads) are independent. Integer
 k-bit (the post's absmax, KIVI's min/max, per token, channel or group), fp8 with vLLM's
 scales, the Hadamard rotation, llama.cpp's block formats (from :mod:`kvcost.ggml`) and the
-block-scaled floats of 2026 engines (MX, NVFP4, fp8 e4m3fnuz: :mod:`kvcost.storage.blockfloat`).
+block-scaled floats of 2026 engines (MX, NVFP4, fp8 e4m3fnuz: :mod:`kvcost.storage.blockfloat`) and
+vLLM's TurboQuant presets (:mod:`kvcost.storage.turboquant`).
 
 :func:`roundtrip` is the one entry point by name: every :mod:`kvcost.formats` name (and every
 spec :func:`kvcost.storage.parse_spec` reads, rotation included) maps to exactly one of these;
@@ -20,7 +21,7 @@ import numpy as np
 
 from . import floats, formats
 from .ggml import GGML_KINDS, GGMLBlocks, ggml_dequantize, ggml_quantize, ggml_roundtrip
-from .storage import blockfloat
+from .storage import blockfloat, turboquant
 from .storage.spec import CacheSpec, parse_spec
 
 __all__ = [
@@ -379,6 +380,8 @@ def _format_roundtrip(x: np.ndarray, f: formats.Format, role: str) -> np.ndarray
         return blockfloat.mx_roundtrip(x, f.element, f.block)
     if fam == "nvfp4":
         return blockfloat.nvfp4_roundtrip(x, four_over_six=f.name == "nvfp4_4over6")
+    if fam == "turboquant":
+        return turboquant.roundtrip(x, f.name, role)
     raise ValueError(f"parameter 'fmt': format {f.name!r} has no quantizer (family {fam!r})")  # pragma: no cover
 
 
@@ -402,7 +405,8 @@ def roundtrip(x: np.ndarray, fmt: str | CacheSpec, *, role: str = "v") -> np.nda
     accepts), optionally ``+hadamard`` (rotate the last axis, store, rotate back) or ``K/V`` (``role``
     picks K's or V's). Blocks, groups and per-token scales run along the last axis (channels); a
     per-channel or per-head scale spans the tokens (axis -2); ``role="k"`` stores KIVI's K per
-    channel, ``"v"`` (default) per token. ``exact`` (alias ``none``) returns ``x`` unchanged. Plain
+    channel, ``"v"`` (default) per token, and picks a TurboQuant preset's K half (rotated Lloyd-Max
+    codes or fp8) rather than its V half (uniform codes). ``exact`` (alias ``none``) returns ``x`` unchanged. Plain
     floats and fp8 keep ``x``'s floating dtype (one rounding from its precision, saturating at the
     largest finite value; fp8 at scale 1.0, vLLM's uncalibrated default); block
     formats compute and return float32. ``mxfp4`` / ``mxfp8`` / ``fp4_mx_block16`` follow OCP MX
