@@ -148,7 +148,7 @@ def test_the_planner_refuses_an_edited_needle_table(tmp_path, capsys):
 
 
 def test_a_committed_file_without_a_record_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(provenance, "repo_root", lambda: tmp_path)
+    monkeypatch.setattr(provenance, "data_dir", lambda: tmp_path / "data")   # the package data (kvcost.paths)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "t.csv").write_text("a\n1\n")
     with pytest.raises(ValueError, match="no sha256 is recorded"):

@@ -19,6 +19,7 @@ from typing import Any
 from . import llamacpp, vllm
 from .hfconfig import Geometry, from_hf_config
 from .models import load_model
+from .paths import data_path
 from .provenance import checked
 from .units import GIB
 
@@ -30,8 +31,8 @@ PROVENANCE = ("first-hand", "second-hand", "unlocated")
 
 
 def data_dir() -> Path:
-    """``data/engine_logs`` in the checkout."""
-    return Path(__file__).resolve().parents[2] / "data" / "engine_logs"
+    """``data/engine_logs`` in the package data."""
+    return data_path("engine_logs")
 
 
 def _rows(name: str) -> list[dict[str, str]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .hfconfig import Geometry, from_hf_config, parameter_counts
+from .paths import data_path
 from .provenance import DIGESTS_FILE, checked
 
 __all__ = [
@@ -33,12 +34,11 @@ POST_MODELS = ["Llama-3.1-8B", "Qwen3-8B", "Mistral-7B-v0.1", "gpt-oss-20b", "Ll
 
 
 def models_dir() -> Path:
-    """Folder of the model records: ``$KVCOST_MODELS_DIR`` or ``data/models`` in the checkout."""
+    """Folder of the model records: ``$KVCOST_MODELS_DIR`` or ``data/models`` in the package data."""
     env = os.environ.get("KVCOST_MODELS_DIR")
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parents[2] / "data" / "models"
-    return here if here.is_dir() else Path.cwd() / "data" / "models"
+    return data_path("models")
 
 
 _RECORDS: dict[str, dict[str, Any]] | None = None

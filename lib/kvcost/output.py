@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .paths import repo_root  # defined in kvcost.paths; importable from here while modules move to it
+
 if TYPE_CHECKING:   # pandas only for the annotation: the CLI imports this module and stays light
     import pandas as pd
 
@@ -11,18 +13,6 @@ __all__ = ["repo_root", "resolve_out_dir", "write_table", "FIGURE_DIR", "FIGURE_
 
 FIGURE_DIR = "figures"                 # the committed figures, written only by default runs
 FIGURE_DIR_ENV = "KVCOST_FIGURE_DIR"   # set by the runner and sweeps: where a run's figures go
-
-
-def repo_root() -> Path:
-    """The repository root: the folder holding ``pyproject.toml`` above this package.
-
-    The package is installed editable from ``lib/kvcost``, so the root is two levels up;
-    outside a checkout (a plain install) fall back to the current directory.
-    """
-    here = Path(__file__).resolve().parents[2]
-    if (here / "pyproject.toml").is_file() and (here / "lib" / "kvcost").is_dir():
-        return here
-    return Path.cwd()
 
 
 def resolve_out_dir(out_dir: str | Path | None, stem: str) -> Path:

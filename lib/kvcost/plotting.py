@@ -8,7 +8,8 @@ from pathlib import Path
 import matplotlib
 import matplotlib.pyplot as plt
 
-from .output import FIGURE_DIR, FIGURE_DIR_ENV, repo_root
+from .output import FIGURE_DIR, FIGURE_DIR_ENV
+from .paths import repo_root
 
 __all__ = ["use_style", "save", "FIGURE_DIR", "PALETTE", "MARKERS", "LINESTYLES"]
 

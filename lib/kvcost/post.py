@@ -10,7 +10,7 @@ from functools import cache
 
 import pandas as pd
 
-from .output import repo_root
+from .paths import data_path
 from .provenance import checked
 
 __all__ = [
@@ -29,7 +29,7 @@ def block_text(block: int) -> str:
     """The verbatim printed output of the post's Block ``block`` (1, 2 or 3)."""
     if block not in (1, 2, 3):
         raise ValueError(f"parameter 'block' must be 1, 2 or 3, got {block!r}")
-    return checked(repo_root() / "data" / "post" / f"block{block}.out").read_text()
+    return checked(data_path("post", f"block{block}.out")).read_text()
 
 
 def _rows(block: int, pattern: str) -> list[tuple[str, ...]]:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-from .output import repo_root
+from .paths import data_dir, repo_root
 
 __all__ = ["sha256", "versions", "git_commit", "finished_keys", "appending", "checked", "recorded", "record",
            "is_committed", "DIGESTS_FILE"]
@@ -54,15 +54,19 @@ def _digest(path: Path) -> str:
 
 
 def _rel(path: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(repo_root().resolve()))
-    except ValueError:
-        return str(path)
+    """``path`` as a reader knows it: ``data/…`` for the package data (in a checkout or installed), else
+    relative to the repository root where it lies under it."""
+    for base in (data_dir().parent, repo_root().resolve()):
+        try:
+            return str(Path(path).resolve().relative_to(base))
+        except ValueError:
+            pass
+    return str(path)
 
 
 def is_committed(path: str | Path) -> bool:
-    """True for a file in the repository's ``data/`` folder (a committed input or result)."""
-    return Path(path).resolve().is_relative_to((repo_root() / "data").resolve())
+    """True for a file in the package data, ``data/`` (a committed input or result; :mod:`kvcost.paths`)."""
+    return Path(path).resolve().is_relative_to(data_dir())
 
 
 def _records(path: Path) -> list[Path]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .output import repo_root
+from .paths import repo_root
 from .provenance import checked
 
 __all__ = [

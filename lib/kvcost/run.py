@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .output import repo_root
 from .params import shorten
+from .paths import repo_root
 from .runner import (
     LOG_FILE,
     check_out,

@@ -49,8 +49,9 @@ import yaml
 from papermill.exceptions import PapermillExecutionError
 
 from . import __version__, notebook_params
-from .output import FIGURE_DIR_ENV, repo_root
+from .output import FIGURE_DIR_ENV
 from .params import shorten
+from .paths import repo_root
 from .units import MIB
 
 __all__ = [

@@ -6,7 +6,7 @@ import itertools
 import pandas as pd
 
 from .. import stats
-from ..output import repo_root
+from ..paths import data_path
 from ..provenance import checked
 from .report import Check, value_check
 
@@ -15,7 +15,7 @@ __all__ = ["LAW_FACTOR", "beyond_flat_checks", "load_published", "unit_checks"]
 
 def load_published() -> pd.DataFrame:
     """``data/accumulation_published.csv``: published accumulation figures with citations."""
-    return pd.read_csv(checked(repo_root() / "data" / "accumulation_published.csv"))
+    return pd.read_csv(checked(data_path("accumulation_published.csv")))
 
 
 def beyond_flat_checks(sweep: pd.DataFrame, flush: pd.DataFrame, deepseek: pd.DataFrame,

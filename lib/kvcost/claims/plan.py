@@ -9,13 +9,14 @@ import pandas as pd
 from .. import fleet, post
 from ..experiments.plan import needle_summary, paired_worse
 from ..models import load_model
+from ..paths import data_path
 from ..provenance import checked
 from .report import Check
 
 __all__ = ["DECODE_PUBLISHED", "FP8", "Q4", "Q8", "decode_checks", "needle_reading", "readings"]
 
 #: Published decode measurements (ITL slopes and intercepts, ITL under load), each row cited.
-DECODE_PUBLISHED = Path(__file__).resolve().parents[3] / "data" / "decode_published.csv"
+DECODE_PUBLISHED = data_path("decode_published.csv")
 
 FP8, Q8, Q4 = "fp8_e4m3/fp8_e4m3", "q8_0/q8_0", "q4_0/q4_0"
 

@@ -14,6 +14,7 @@ import pandas as pd
 
 from .. import fleet, quant, realkv, stats, vllm
 from ..models import load_model
+from ..paths import data_path
 from ..provenance import checked
 from ..storage.spec import CacheSpec, parse_spec
 from ..units import GIB
@@ -24,7 +25,7 @@ __all__ = ["NEEDLE_DIR", "README_COLUMNS", "README_ROWS", "check_slice", "commit
            "store_as", "vllm_table"]
 
 #: The committed full-scale needle measurement (needle.csv + provenance.json).
-NEEDLE_DIR = Path(__file__).resolve().parents[3] / "data" / "plan_needle"
+NEEDLE_DIR = data_path("plan_needle")
 
 def store_as(x: np.ndarray, fmt: str | CacheSpec, role: str = "v") -> np.ndarray:
     """``x`` (rows along the last axis) as a cache in ``fmt`` hands it back to attention, through the

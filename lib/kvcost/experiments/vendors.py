@@ -5,7 +5,7 @@ from functools import cache
 
 import pandas as pd
 
-from ..output import repo_root
+from ..paths import data_path
 from ..provenance import checked
 
 __all__ = ["MEASUREMENT_COLUMNS", "load_measurements", "published"]
@@ -15,7 +15,7 @@ MEASUREMENT_COLUMNS = ["source", "date", "setting", "measured", "citation", "not
 
 def load_measurements() -> pd.DataFrame:
     """The post's vendor table as data, with a citation for every row."""
-    df = pd.read_csv(checked(repo_root() / "data" / "vendor_measurements.csv"), dtype=str, keep_default_na=False)
+    df = pd.read_csv(checked(data_path("vendor_measurements.csv")), dtype=str, keep_default_na=False)
     missing = set(MEASUREMENT_COLUMNS) - set(df.columns)
     if missing:
         raise ValueError(f"data/vendor_measurements.csv lacks columns {sorted(missing)}")
@@ -24,7 +24,7 @@ def load_measurements() -> pd.DataFrame:
 
 @cache
 def _numbers() -> dict[str, float]:
-    df = pd.read_csv(checked(repo_root() / "data" / "vendor_numbers.csv"))
+    df = pd.read_csv(checked(data_path("vendor_numbers.csv")))
     return dict(zip(df.key, df.value.astype(float)))
 
 

@@ -40,7 +40,7 @@ import numba
 import numpy as np
 
 from ..floats import round_to
-from ..output import repo_root
+from ..paths import data_path
 from ._jit import OUT_FP32, OUT_TRUNC_INF
 from .fa3kernel import all_e4m3, attend_nb, lanes32, row, store_e4m3_nb, weights_nb
 from .instructions import OPERAND_TYPES, Unit, get
@@ -81,7 +81,7 @@ _OUT = {"RZ-E8M13": OUT_TRUNC_INF, "RZ-FP32": OUT_TRUNC_INF, "RNE-FP32": OUT_FP3
 
 
 def _attention_units() -> dict[str, dict[str, str]]:
-    with open(repo_root() / "data" / "tensorcore" / "attention_units.csv", newline="", encoding="utf-8") as fh:
+    with open(data_path("tensorcore", "attention_units.csv"), newline="", encoding="utf-8") as fh:
         return {r["arch"]: r for r in csv.DictReader(fh)}
 
 

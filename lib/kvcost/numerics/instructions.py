@@ -21,7 +21,7 @@ import csv
 from dataclasses import dataclass
 from functools import cache
 
-from ..output import repo_root
+from ..paths import data_path
 
 __all__ = ["ARCHS", "OPERAND_TYPES", "SCALE_TYPES", "Unit", "examples", "get", "instructions"]
 
@@ -143,7 +143,7 @@ class Unit:
 
 @cache
 def _rows() -> tuple[dict[str, str], ...]:
-    with open(repo_root() / "data" / "tensorcore" / "units.csv", newline="", encoding="utf-8") as fh:
+    with open(data_path("tensorcore", "units.csv"), newline="", encoding="utf-8") as fh:
         return tuple(csv.DictReader(fh))
 
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from ..output import repo_root
 from ..params import shorten
+from ..paths import repo_root
 from ..runner import LOG_FILE, check_out
 from .execute import Outcome, run_sweep
 from .spec import Sweep, available, describe, load

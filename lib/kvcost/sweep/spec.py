@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..output import repo_root
 from ..params import clip, shorten
+from ..paths import repo_root
 from ..runner import check_params, load_yaml, notebook_path, run_key, script_argv, source_hash
 
 __all__ = ["MAX_RUNS", "Run", "Sweep", "available", "describe", "expand", "load", "sweeps_dir"]
