@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvcost import engine_logs, fleet, llamacpp, models, vllm
+from kvcost import engine_logs, evidence, fleet, llamacpp, models, vllm
 from kvcost.claims import plan as plan_claims
 from kvcost.experiments import plan as plan_exp
 from kvcost.units import GIB, MIB
@@ -120,9 +120,9 @@ def test_fleet_accuracy_lookup_with_interval(tmp_path) -> None:
     rows += [f"q8_0/q8_0,4096,exact,{'True' if i < 9 else 'False'}" for i in range(10)]
     rows += ["q8_0/q8_0,4096,hopper,False", "q8_0/q8_0,262144,exact,True"]
     path.write_text("\n".join(rows) + "\n")
-    assert fleet.accuracy_lookup(path, "q8_0/q8_0", 131072) == (9, 10, 4096, 0, 0)
-    assert fleet.accuracy_lookup(path, "q4_0/q4_0", 131072) is None
-    assert fleet.accuracy_lookup(tmp_path / "missing.csv", "q8_0/q8_0", 131072) is None
+    assert evidence.accuracy_lookup(path, "q8_0/q8_0", 131072) == (9, 10, 4096, 0, 0)
+    assert evidence.accuracy_lookup(path, "q4_0/q4_0", 131072) is None
+    assert evidence.accuracy_lookup(tmp_path / "missing.csv", "q8_0/q8_0", 131072) is None
     f = fleet.plan(models.load_model("Llama-3.1-8B"), "Llama-3.1-8B", "H100-80GB", 131072, dtypes=["q8_0"],
                    accuracy_csv=path)
     assert f.rows[0].accuracy == ("needle table storage_formats.csv (a synthetic haystack, not a decoder): needle "

@@ -8,14 +8,14 @@ import math
 
 import pytest
 
-from kvcost import cli, fleet, llamacpp, models, vllm
+from kvcost import cli, decode, evidence, fleet, gpus, llamacpp, models, vllm, weights
 from kvcost.claims import plan as plan_claims
 from kvcost.experiments import plan as plan_exp
 from kvcost.hfconfig import parameter_counts
 from kvcost.output import repo_root
 from kvcost.units import GIB
 
-H100 = fleet.gpu("H100")
+H100 = gpus.gpu("H100")
 
 
 @pytest.mark.parametrize("name", ["Llama-3.1-8B", "Llama-2-7B", "Mistral-7B-v0.1", "Qwen3-8B", "gpt-oss-20b"])
@@ -28,45 +28,45 @@ def test_gpt_oss_weights_split_by_what_is_quantized():
     c = parameter_counts(models.model_record("gpt-oss-20b")["config"])
     assert c["experts"] == 24 * 32 * 3 * 2880 * 2880 == 19_110_297_600
     assert c["total"] - c["experts"] == 1_804_459_584            # attention, embeddings, routers, norms: bf16
-    w = fleet.weights("gpt-oss-20b")
+    w = weights.model_weights("gpt-oss-20b")
     assert w.bytes == 19_110_297_600 * 17 // 32 + 1_804_459_584 * 2 and round(w.gib, 2) == 12.82
     assert (w.num_experts, w.experts_per_token, w.expert_bytes) == (32, 4, 19_110_297_600 * 17 // 32)
-    assert round(fleet.weights("gpt-oss-120b").gib, 2) == round(
+    assert round(weights.model_weights("gpt-oss-120b").gib, 2) == round(
         (114_661_785_600 * 17 // 32 + (116_829_156_672 - 114_661_785_600) * 2) / GIB, 2)
 
 
 def test_weights_from_flags_index_and_config(tmp_path):
-    assert fleet.weights(params=70_000_000_000, weights_dtype="fp8_e4m3").bytes == 70_000_000_000
-    assert fleet.weights("Llama-3.1-8B", weights_gib=10).bytes == 10 * GIB
+    assert weights.model_weights(params=70_000_000_000, weights_dtype="fp8_e4m3").bytes == 70_000_000_000
+    assert weights.model_weights("Llama-3.1-8B", weights_gib=10).bytes == 10 * GIB
     idx = tmp_path / "model.safetensors.index.json"
     idx.write_text(json.dumps({"metadata": {"total_size": 16_060_522_496}, "weight_map": {}}))
-    assert fleet.weights(index=tmp_path).bytes == 16_060_522_496
+    assert weights.model_weights(index=tmp_path).bytes == 16_060_522_496
     cfg = dict(models.model_record("Llama-3.1-8B")["config"], torch_dtype="bfloat16")
-    assert fleet.weights(cfg=cfg).bytes == 2 * 8_030_261_248
+    assert weights.model_weights(cfg=cfg).bytes == 2 * 8_030_261_248
     with pytest.raises(ValueError, match="--params N"):
-        fleet.weights("DeepSeek-V3")
+        weights.model_weights("DeepSeek-V3")
     with pytest.raises(ValueError, match="--weights-dtype"):
-        fleet.weights(params=10, weights_dtype="int3")
+        weights.model_weights(params=10, weights_dtype="int3")
     assert models.answers("DeepSeek-V3")["weights"] is False and models.answers("Qwen3-32B")["weights"] is True
 
 
 def test_gpu_catalogue_aliases_bandwidth_and_native_formats():
-    names = {g.name for g in fleet.gpus().values()}
+    names = {g.name for g in gpus.catalogue().values()}
     assert {"H100-SXM", "H100-PCIe", "H200", "B200", "GB200", "B300", "A100-40GB", "A100-80GB", "L40S", "RTX-4090",
             "RTX-5090", "MI300X", "MI325X", "MI355X"} <= names
-    assert H100.name == "H100-SXM" and fleet.gpu("h100-80gb") is not None and fleet.gpu("5090").name == "RTX-5090"
-    assert (H100.bandwidth_tbs, fleet.gpu("B200").bandwidth_tbs, fleet.gpu("MI300X").bandwidth_tbs) == (3.35, 8.0, 5.3)
-    assert all(g.bandwidth_source for g in fleet.gpus().values())         # a source, or why there is none
-    assert fleet.kernel_support(fleet.gpu("B200"), "nvfp4") == ("native", "")
-    assert fleet.kernel_support(H100, "nvfp4")[0] == "emulated"
-    assert fleet.kernel_support(fleet.gpu("A100"), "fp8_e4m3")[0] == "emulated"
-    assert fleet.kernel_support(fleet.gpu("MI355X"), "q4_0")[0] == "software"
-    card = fleet.custom_gpu(100, 2.5)
+    assert H100.name == "H100-SXM" and gpus.gpu("h100-80gb") is not None and gpus.gpu("5090").name == "RTX-5090"
+    assert (H100.bandwidth_tbs, gpus.gpu("B200").bandwidth_tbs, gpus.gpu("MI300X").bandwidth_tbs) == (3.35, 8.0, 5.3)
+    assert all(g.bandwidth_source for g in gpus.catalogue().values())         # a source, or why there is none
+    assert gpus.kernel_support(gpus.gpu("B200"), "nvfp4") == ("native", "")
+    assert gpus.kernel_support(H100, "nvfp4")[0] == "emulated"
+    assert gpus.kernel_support(gpus.gpu("A100"), "fp8_e4m3")[0] == "emulated"
+    assert gpus.kernel_support(gpus.gpu("MI355X"), "q4_0")[0] == "software"
+    card = gpus.custom_gpu(100, 2.5)
     assert (card.total_gib, card.bandwidth_tbs, card.kv_native) == (100.0, 2.5, ())
     with pytest.raises(ValueError, match=r"--gpu must be one of .*H100-SXM"):
-        fleet.gpu("H999")
+        gpus.gpu("H999")
     with pytest.raises(ValueError, match="--bandwidth-tbs"):
-        fleet.custom_gpu(80, -1)
+        gpus.custom_gpu(80, -1)
 
 
 def test_vllm_capacity_reserves_the_sliding_window():
@@ -93,15 +93,15 @@ def test_llamacpp_capacity_is_the_largest_allocation_that_fits():
 
 def test_decode_estimate_by_hand():
     g = models.load_model("Llama-3.1-8B")
-    d = fleet.decode(g, fleet.weights("Llama-3.1-8B"), "bf16", 8192, 1, 3.35, efficiency=0.8)
+    d = decode.estimate(g, weights.model_weights("Llama-3.1-8B"), "bf16", 8192, 1, 3.35, efficiency=0.8)
     kv = 32 * 2 * 8 * 128 * 2 * 8192
     assert math.isclose(d.itl_ms, (2 * 8_030_261_248 + kv) / (3.35e12 * 0.8) * 1e3)
     assert math.isclose(d.slope_ms_per_token, 131072 / (3.35e12 * 0.8) * 1e3)
     moe = models.load_model("gpt-oss-20b")
-    w = fleet.weights("gpt-oss-20b")
-    one = fleet.decode(moe, w, "bf16", 1, 1, 3.35, efficiency=1.0)
+    w = weights.model_weights("gpt-oss-20b")
+    one = decode.estimate(moe, w, "bf16", 1, 1, 3.35, efficiency=1.0)
     assert math.isclose(one.weights_read_bytes, w.bytes - w.expert_bytes + w.expert_bytes * 4 / 32)
-    many = fleet.decode(moe, w, "bf16", 1, 64, 3.35, efficiency=1.0)
+    many = decode.estimate(moe, w, "bf16", 1, 64, 3.35, efficiency=1.0)
     assert many.weights_read_bytes > 0.98 * w.bytes                    # 64 tokens reach nearly every expert
 
 
@@ -109,21 +109,42 @@ def test_decode_checks_against_the_vllm_blog():
     t = plan_claims.decode_checks().set_index(["gpu", "model", "kv", "quantity"])
     eff = t.loc[("H100-SXM", "Llama-3.1-8B", "bf16", "itl_slope"), "implied_efficiency"]
     assert 0.85 < eff < 0.95                                         # bytes explain the bf16 slope
+    cal = t.loc[("H100-SXM", "Llama-3.1-8B", "fp8_e4m3", "slope_ratio_to_bf16")]
+    assert cal.role == "calibration" and math.isclose(cal.estimate, 2.37e-05 / 4.37e-05)   # by construction
     r = t.loc[("H100-SXM", "gpt-oss-20b", "fp8_e4m3", "slope_ratio_to_bf16")]
-    assert round(r.published, 2) == 0.80 and r.estimate == 0.5        # where the byte model is too simple
+    assert r.role == "held out" and round(r.published, 2) == 0.80 and r.estimate_bytes_only == 0.5
+    assert math.isclose(r.estimate, 2.37e-05 / 4.37e-05)             # head_dim 64: the kernel is slower still
     assert t.loc[("H100-SXM", "gpt-oss-20b", "fp8_e4m3", "slope_ratio_before_fixes"), "published"] == 0.96
     assert t.loc[("B200", "gpt-oss-20b", "bf16", "itl_intercept"), "implied_efficiency"] < 0.3
 
 
+def test_kernel_factors_come_from_the_published_slopes():
+    f = decode.kernel_factors()
+    # H100 (FA3): fp8 bytes are half of bf16's, the slope 2.37/4.37 of it: fp8 reads reach 0.922 of bf16's rate
+    assert math.isclose(f["Hopper", "fp8_e4m3"].factor, 0.5 / (2.37e-05 / 4.37e-05))
+    assert math.isclose(f["Blackwell", "fp8_e4m3"].factor, 0.5 / (9.72e-06 / 1.80e-05))
+    g, w = models.load_model("Llama-3.1-8B"), weights.model_weights("Llama-3.1-8B")
+    plain = decode.estimate(g, w, "fp8_e4m3", 8192, 1, 3.35)
+    h100 = decode.estimate(g, w, "fp8_e4m3", 8192, 1, 3.35, card=H100)
+    assert h100.kv_factor == f["Hopper", "fp8_e4m3"].factor and h100.itl_ms > plain.itl_ms
+    assert math.isclose(h100.slope_ms_per_token, plain.slope_ms_per_token / h100.kv_factor)
+    q4 = decode.estimate(g, w, "q4_0", 8192, 1, 3.35, card=H100)
+    assert q4.kv_factor == 1.0 and "no published measurement of the q4_0 attention kernel" in q4.kv_factor_source
+    moe = models.load_model("gpt-oss-20b")
+    skip = decode.estimate(moe, weights.model_weights("gpt-oss-20b"), "fp8_e4m3;skip=sliding_window", 8192, 1,
+                           3.35, card=H100)
+    assert 1 > skip.kv_factor > f["Hopper", "fp8_e4m3"].factor    # the bf16 sliding layers read at bf16's rate
+
+
 def test_accuracy_says_what_it_rests_on():
-    text, ev = fleet.accuracy_evidence("q4_0", 8192, H100, "vllm", fleet.default_accuracy_csv(),
-                                       fleet.default_passkey_csv())
+    text, ev = evidence.accuracy_evidence("q4_0", 8192, H100, "vllm", evidence.default_accuracy_csv(),
+                                       evidence.default_passkey_csv())
     assert [e["basis"] for e in ev] == ["synthetic", "real decoder"]
     assert "SmolLM2-135M-Instruct" in text and "passkey 5/20 = 25%" in text and "Llama" not in text
-    fp8 = fleet.accuracy_evidence("fp8_e4m3", 8192, H100, "vllm", None, fleet.default_passkey_csv())[1]
+    fp8 = evidence.accuracy_evidence("fp8_e4m3", 8192, H100, "vllm", None, evidence.default_passkey_csv())[1]
     assert [e["variant"] for e in fp8] == ["store:fp8_e4m3", "fa3"]           # FA3's FP8 attention on Hopper
-    none = fleet.accuracy_evidence("int4_g32", 8192, H100, "vllm", fleet.default_accuracy_csv(),
-                                   fleet.default_passkey_csv())
+    none = evidence.accuracy_evidence("int4_g32", 8192, H100, "vllm", evidence.default_accuracy_csv(),
+                                   evidence.default_passkey_csv())
     assert none == ("no evidence for int4_g32/int4_g32 (no synthetic needle, no real-decoder passkey)", ())
 
 
@@ -175,3 +196,28 @@ def test_longest_context_text_agrees_with_its_warning(capsys):
     assert line.split(None, 5)[5] == ("131,072 tokens (the model's max_position_embeddings; memory alone: "
                                       "370,085 tokens)")
     assert "longest context reported as 131,072" in cap.err
+
+
+def test_vllm_skip_layers_pages_and_padding():
+    g = models.load_model("gpt-oss-20b")
+    # sliding layers kept in bf16 (32,768-byte pages), full layers fp8 (16,384): fp8 blocks hold 32 tokens
+    v = vllm.plan(g, 20.0, max_model_len=32768, kv_cache_dtype="fp8", skip_layers=("sliding_window",))
+    assert v.page_bytes == 16 * 8 * 64 * 2 * 2 and v.groups == ("full:fp8", "sliding:auto")
+    assert v.block_sizes == (32, 16) and v.group_size == 12 and v.num_blocks == 20 * GIB // 32768 // 12
+    assert v.blocks_per_request == 32768 // 32 + -(-(127 + 2048) // 16) + 1
+    assert v.kv_tokens == v.num_blocks // 2 * 16
+    # one attention type (Llama: all full), two dtypes: one group, a block holds every layer's page
+    u = vllm.plan(models.load_model("Llama-3.1-8B"), 20.0, max_model_len=8192, kv_cache_dtype="fp8",
+                  skip_layers=("0", "1"))
+    assert u.page_bytes == 2 * 65536 + 30 * 32768 and u.num_blocks == 20 * GIB // u.page_bytes
+    assert u.groups == ("full",) and u.kv_tokens == u.num_blocks * 16
+    # nvfp4 pages (16 x 8 x 72 bytes) do not divide bf16's: padded to the largest page, with a warning
+    n = vllm.plan(g, 20.0, max_model_len=32768, kv_cache_dtype="nvfp4", skip_layers=("sliding_window",))
+    assert n.block_sizes == (16, 16) and any("do not divide" in w for w in n.warnings)
+    # the planner: fp8 with bf16 sliding layers holds fewer tokens than fp8 everywhere, more than bf16
+    f = fleet.plan(g, g.name, "H100", 32768, dtypes=["bf16", "fp8_e4m3;skip=sliding_window", "fp8_e4m3"],
+                   engine="vllm")
+    bf16, skip, fp8 = (r.requests for r in f.rows)
+    assert bf16 < skip < fp8 and "--kv-cache-dtype-skip-layers sliding_window" in f.rows[1].engine_note
+    pair = fleet.plan(g, g.name, "H100", 32768, dtypes=["q8_0/q4_0"], engine="vllm").rows[0]
+    assert pair.requests == 0 and "one --kv-cache-dtype for K and V" in pair.engine_note

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import fleet, formats, llamacpp, models, sizing, vllm
+from . import capacity, decode, evidence, fleet, formats, gpus, llamacpp, models, sizing, vllm, weights
 from .params import shorten
 from .units import GIB, KIB, MIB
 
@@ -103,20 +103,6 @@ def _block_size(text: str) -> int:
     if n not in VLLM_BLOCK_SIZES:
         raise argparse.ArgumentTypeError(f"must be one of vLLM's block sizes {list(VLLM_BLOCK_SIZES)}, got {n}")
     return n
-
-
-def _check_tp(g: Any, tp: int) -> None:
-    """vLLM's rule (ModelConfig.verify_with_parallel_config, vllm/config/model.py): the attention heads
-    must split evenly over the tensor-parallel ranks; KV heads are split, or replicated when fewer."""
-    heads = getattr(g, "num_attention_heads", 0)
-    if heads and heads % tp:
-        raise ValueError(f"--tp {tp}: vLLM requires the total number of attention heads ({heads}) to be "
-                         f"divisible by the tensor-parallel size; use one of "
-                         f"{[d for d in range(1, heads + 1) if heads % d == 0]}")
-    kv = getattr(g, "kv_heads", 0)
-    if kv and tp > 1 and kv % tp and tp % kv:
-        raise ValueError(f"--tp {tp}: the {kv} KV heads can be neither split nor replicated evenly over {tp} "
-                         f"ranks (vLLM needs {kv} % tp == 0 or tp % {kv} == 0)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -223,14 +209,14 @@ def _format_fleet(f: fleet.Fleet) -> str:
     return "\n".join(lines)
 
 
-#: The columns kvcost.fleet.accuracy_lookup reads from a needle table.
+#: The columns kvcost.evidence.accuracy_lookup reads from a needle table.
 _ACCURACY_COLUMNS = ("storage", "n_tokens", "retrieved")
 
 
 def _accuracy_csv(flag: str | None) -> str | None:
     """--accuracy-csv: the committed needle measurement by default, 'none' for none, else a file that exists."""
     if flag is None:
-        return str(fleet.default_accuracy_csv())
+        return str(evidence.default_accuracy_csv())
     if flag.lower() == "none":
         return None
     if not Path(flag).is_file():
@@ -275,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("plan", help="vLLM's block pool for a budget, or a fleet plan on catalogued GPUs")
     p.add_argument("model", metavar="MODEL")
-    p.add_argument("--engine", choices=list(fleet.ENGINES), default=None,
+    p.add_argument("--engine", choices=list(capacity.ENGINES), default=None,
                    help="vllm: with --kv-memory-gib, vLLM's block pool; with --gpu, count requests as vLLM does "
                         "(llama.cpp: as llama.cpp allocates; none or absent: engine-independent bytes)")
     p.add_argument("--kv-memory-gib", type=_gib, default=None, help="vLLM's available KV memory per GPU")
@@ -326,9 +312,9 @@ def _fleet_args(p: argparse.ArgumentParser) -> None:
                    help="memory per GPU in GiB: a GPU not in the catalogue, or a catalogued one's figure replaced")
     p.add_argument("--bandwidth-tbs", type=_number, default=None,
                    help="memory bandwidth per GPU in TB/s (decimal) for the decode estimate")
-    p.add_argument("--efficiency", type=_fraction, default=fleet.DEFAULT_EFFICIENCY,
+    p.add_argument("--efficiency", type=_fraction, default=decode.DEFAULT_EFFICIENCY,
                    help=f"share of the bandwidth decode reaches, above 0 and at most 1 (default "
-                        f"{fleet.DEFAULT_EFFICIENCY:g}, a stated assumption)")
+                        f"{decode.DEFAULT_EFFICIENCY:g}, a stated assumption)")
     p.add_argument("--params", type=_params, default=None, help="parameter count of the weights (e.g. 70B)")
     p.add_argument("--weights-dtype", default=None,
                    help="format of the weights: bf16, fp8_e4m3, mxfp4, nvfp4, q4_0, ... (default: the record's, bf16)")
@@ -355,7 +341,7 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{r['name']:28s} {r['hf_repo'] or '':44s} {r['answers']}")
         return 0
     if args.command == "gpus":
-        cards = list(fleet.gpus().values())
+        cards = list(gpus.catalogue().values())
         if args.json:
             print(json.dumps([dataclasses.asdict(c) for c in cards], indent=2))
         else:
@@ -397,7 +383,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         if args.kv_memory_gib is None:
             raise ValueError("--engine vllm needs --kv-memory-gib")
-        _check_tp(g, args.tp)
+        vllm.check_tp(g, args.tp)
         v = vllm.plan(g, args.kv_memory_gib, args.tp, args.block_size, args.max_model_len, args.kv_cache_dtype,
                       args.max_num_batched_tokens)
         d = v.as_dict()
@@ -413,15 +399,15 @@ def _run_fleet(args: argparse.Namespace, g: Any) -> int:
     a decode-speed estimate and the accuracy evidence."""
     if args.context is None:
         raise ValueError("--gpu needs --context (tokens per request)")
-    card = fleet.gpu(args.gpu) if args.gpu is not None else None
+    card = gpus.gpu(args.gpu) if args.gpu is not None else None
     if card is None or args.gpu_memory_gib is not None or args.bandwidth_tbs is not None:
-        card = fleet.custom_gpu(args.gpu_memory_gib, args.bandwidth_tbs, card)
+        card = gpus.custom_gpu(args.gpu_memory_gib, args.bandwidth_tbs, card)
     try:
         name: str | None = models.model_record(args.model)["name"]
     except ValueError:
         name = None
     cfg = None if name is not None else args.model
-    w = fleet.weights(name, cfg=cfg, params=args.params, weights_dtype=args.weights_dtype,
+    w = weights.model_weights(name, cfg=cfg, params=args.params, weights_dtype=args.weights_dtype,
                       weights_gib=args.weights_gib, index=args.weights_index)
     dts = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else None
     if dts is not None and not all(dts):
@@ -429,13 +415,13 @@ def _run_fleet(args: argparse.Namespace, g: Any) -> int:
                          f"got {shorten(args.dtypes)}")
     if args.swa_full and args.engine != "llama.cpp":
         raise ValueError("--swa-full is a llama.cpp flag: it needs --engine llama.cpp")
-    _check_tp(g, args.tp)
+    vllm.check_tp(g, args.tp)
     fl = fleet.plan(g, name, None, args.context, args.gpus, args.tp, args.gpu_memory_utilization,
                     args.concurrency, dts, args.reserve_gib, _accuracy_csv(args.accuracy_csv),
                     engine=args.engine or "none", card=card, weights_=w, efficiency=args.efficiency,
                     block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
                     swa_full=args.swa_full, passkey_csv=None if args.accuracy_csv == "none"
-                    else fleet.default_passkey_csv())
+                    else evidence.default_passkey_csv())
     warns = list(fl.warnings) + [w for r in fl.rows for w in r.warnings]
     return _emit(fl.as_dict(), _format_fleet(fl), args.json, list(dict.fromkeys(warns)))
 

@@ -19,6 +19,12 @@ Rules (vLLM ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/v1/kv_cache_interface.
   concurrency for max_model_len tokens per request: num_blocks / blocks one request needs``, a
   full group needing ``cdiv(max_model_len, block_size)`` blocks and a sliding group
   ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block_size) + 1``.
+- Layers kept in another dtype (``--kv-cache-dtype-skip-layers``, e.g. sliding-window layers in bf16
+  while the rest are fp8) have pages of another size (:func:`plan`): one attention type makes one group
+  whose block holds every layer's page; a hybrid model's smaller pages get proportionally more tokens
+  per block, or are padded to the largest page when the sizes do not divide. vLLM has one
+  ``--kv-cache-dtype`` for K and V (K != V pairs are llama.cpp's, or a TurboQuant name such as
+  ``turboquant_k3v4_nc``).
 
 Standard library only.
 """
@@ -31,7 +37,7 @@ from . import formats
 from .hfconfig import FULL, MLA, SLIDING, Geometry
 from .units import GIB
 
-__all__ = ["CACHE_DTYPES", "VllmPlan", "page_bytes", "plan"]
+__all__ = ["CACHE_DTYPES", "VllmPlan", "check_tp", "page_bytes", "plan"]
 
 #: --kv-cache-dtype -> the kvcost format it stores (``auto``: the model dtype, taken as bf16; ``fp8_ds_mla``:
 #: vLLM's 656-byte MLA layout, no format). The names are kvcost.formats.ENGINES["vllm"]'s.
@@ -88,23 +94,62 @@ class VllmPlan:
     blocks_per_request: int
     max_concurrency: float
     warnings: tuple[str, ...]
+    skip_layers: tuple[str, ...] = ()
+    skip_dtype: str = "auto"
+    block_sizes: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(groups=list(self.groups), warnings=list(self.warnings), engine="vllm",
+        d.update(groups=list(self.groups), warnings=list(self.warnings), skip_layers=list(self.skip_layers),
+                 block_sizes=list(self.block_sizes), engine="vllm",
                  log_lines=[f"GPU KV cache size: {self.kv_tokens:,} tokens",
                             f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
                             f"{self.max_concurrency:.2f}x"])
         return d
 
 
+def check_tp(g: Geometry, tp: int) -> None:
+    """vLLM's rule (ModelConfig.verify_with_parallel_config, vllm/config/model.py): the attention heads split
+    evenly over the tensor-parallel ranks; KV heads are split, or replicated when fewer (MLA: one latent)."""
+    heads = g.num_attention_heads
+    if heads and heads % tp:
+        raise ValueError(f"--tp {tp}: vLLM requires the total number of attention heads ({heads}) to be "
+                         f"divisible by the tensor-parallel size; use one of "
+                         f"{[d for d in range(1, heads + 1) if heads % d == 0]}")
+    if not g.count(MLA) and tp > 1 and g.kv_heads % tp and tp % g.kv_heads:
+        raise ValueError(f"--tp {tp}: the {g.kv_heads} KV heads of {g.name} can be neither split nor replicated "
+                         f"evenly over {tp} ranks (vLLM needs {g.kv_heads} % tp == 0 or tp % {g.kv_heads} == 0)")
+
+
+def _layer_specs(g: Geometry, kv_cache_dtype: str, skip_layers: tuple[str, ...],
+                 skip_dtype: str) -> list[tuple[str, str]]:
+    """(attention kind, --kv-cache-dtype) of every KV layer, the skipped ones in ``skip_dtype``."""
+    out = []
+    for i, kind in enumerate(g.layer_kinds):
+        if kind not in (FULL, MLA, SLIDING):
+            continue
+        skipped = str(i) in skip_layers or (kind == SLIDING and "sliding_window" in skip_layers)
+        out.append((kind, skip_dtype if skipped else kv_cache_dtype))
+    return out
+
+
 def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, max_model_len: int | None = None,
          kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 2048,
-         kv_memory_bytes: int | None = None) -> VllmPlan:
+         kv_memory_bytes: int | None = None, skip_layers: tuple[str, ...] = (),
+         skip_dtype: str = "auto") -> VllmPlan:
     """Blocks, tokens and concurrency vLLM reports for ``kv_memory_gib`` GiB of KV cache per GPU.
 
     ``max_model_len`` defaults to the config's ``max_position_embeddings``. ``kv_memory_bytes``
     overrides the GiB figure with an exact byte count (vLLM logs the budget rounded to 0.01 GiB).
+    ``skip_layers`` (``--kv-cache-dtype-skip-layers``: layer indices as text, or ``sliding_window``) keep
+    their cache in ``skip_dtype`` (``auto``: the model's bf16). Layers then differ in page size, and vLLM
+    (``get_kv_cache_groups``, vllm/v1/core/kv_cache_utils.py at commit 001cabc1be16a59a70d720ed61a13b678c060a18)
+    either keeps one group whose page is the sum of every layer's page (all layers of one attention type,
+    ``UniformTypeKVCacheSpecs``), or unifies the pages of a hybrid model (``unify_kv_cache_spec_page_size``):
+    a layer whose page divides the largest gets ``largest / page`` x the block size (more tokens per block,
+    the same bytes); one that does not is refused there (NotImplementedError) — newer vLLM pads it to the
+    largest page for backends that index pages by their stride (modelled here as that padding, with a
+    warning).
     """
     for name, value in (("--tp", tp), ("--block-size", block_size),
                         ("--max-num-batched-tokens", max_num_batched_tokens)):
@@ -120,6 +165,9 @@ def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, m
         max_model_len = g.max_position_embeddings
     if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
         raise ValueError(f"--max-model-len must be a positive integer, got {max_model_len!r}")
+    if skip_dtype not in CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype-skip-layers keeps layers in one of {', '.join(CACHE_DTYPES)}, "
+                         f"got {skip_dtype!r}")
     warnings = []
     if g.max_position_embeddings is not None and max_model_len > g.max_position_embeddings:
         warnings.append(f"--max-model-len {max_model_len:,} exceeds max_position_embeddings "
@@ -129,29 +177,59 @@ def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, m
     if g.state_layers:
         warnings.append(f"{g.name} has {g.state_layers} Mamba / linear-attention layers: vLLM pads attention pages "
                         f"to the state's page size, which is not modelled here (tokens are an upper bound)")
-    page = page_bytes(g, block_size, tp, kv_cache_dtype)
-    counts = {kind: g.count(kind) for kind in (FULL, MLA, SLIDING) if g.count(kind)}
-    if not counts:
+    layers = _layer_specs(g, kv_cache_dtype, tuple(skip_layers), skip_dtype)
+    if not layers:
         raise ValueError(f"{g.name} has no attention layers: vLLM keeps no KV cache for it")
-    lo, hi = min(counts.values()), max(counts.values())
-    group_size = hi if len(counts) == 1 or hi < 1.5 * lo else lo
-    groups: list[str] = []
-    for kind, n in counts.items():
-        groups += [kind] * _cdiv(n, group_size)
-    num_blocks = max(0, kv_memory_bytes // page // group_size)
-    kv_tokens = num_blocks // len(groups) * block_size
+    specs: dict[tuple[str, str], int] = {}
+    for spec in sorted(layers, key=lambda ks: (FULL, MLA, SLIDING).index(ks[0])):   # full groups first
+        specs[spec] = specs.get(spec, 0) + 1
+    pages = {spec: page_bytes(g, block_size, tp, spec[1]) for spec in specs}
+    mixed = len({dt for _, dt in specs}) > 1
 
-    def blocks_needed(kind: str) -> int:
+    def label(spec: tuple[str, str]) -> str:
+        return f"{spec[0]}:{spec[1]}" if mixed else spec[0]
+
+    def blocks_needed(kind: str, bs: int) -> int:
         if kind == SLIDING:
             assert g.window is not None
-            return _cdiv(min(g.window - 1 + max_num_batched_tokens, max_model_len), block_size) + 1
-        return _cdiv(max_model_len, block_size)
+            return _cdiv(min(g.window - 1 + max_num_batched_tokens, max_model_len), bs) + 1
+        return _cdiv(max_model_len, bs)
 
-    per_request = sum(blocks_needed(k) for k in groups)
+    kinds = {kind for kind, _ in specs}
+    if len(specs) > 1 and len(kinds) == 1:
+        # one attention type, pages of several sizes: one group, a block holds every layer's page
+        page = sum(pages[spec] * n for spec, n in specs.items())
+        kind = next(iter(kinds))
+        group_size, groups, block_sizes = 1, [kind], [block_size]
+        num_blocks = max(0, kv_memory_bytes // page)
+        per_request = blocks_needed(kind, block_size)
+        kv_tokens = num_blocks * block_size
+    else:
+        page = max(pages.values())
+        bs_of: dict[tuple[str, str], int] = {}
+        for spec, pg in pages.items():
+            if page % pg == 0:
+                bs_of[spec] = block_size * (page // pg)
+            else:
+                bs_of[spec] = block_size
+                warnings.append(f"{label(spec)} pages ({pg:,} bytes) do not divide the largest ({page:,}): vLLM at "
+                                f"commit 001cabc refuses the model (NotImplementedError); newer vLLM pads them to "
+                                f"{page:,} bytes where the backend indexes pages by their stride, as counted here")
+        lo, hi = min(specs.values()), max(specs.values())
+        group_size = hi if len(specs) == 1 or hi < 1.5 * lo else lo
+        groups, block_sizes = [], []
+        for spec, n in specs.items():
+            for _ in range(_cdiv(n, group_size)):
+                groups.append(label(spec))
+                block_sizes.append(bs_of[spec])
+        num_blocks = max(0, kv_memory_bytes // page // group_size)
+        kv_tokens = num_blocks // len(groups) * min(block_sizes)
+        per_request = sum(blocks_needed(grp.split(":")[0], bs) for grp, bs in zip(groups, block_sizes))
     concurrency = num_blocks / per_request
     if concurrency < 1:
         warnings.append(f"does not fit: one request of {max_model_len:,} tokens needs {per_request:,} blocks, "
                         f"the budget holds {num_blocks:,} (vLLM refuses to start)")
     return VllmPlan(g.name, kv_memory_bytes / GIB, tp, block_size, kv_cache_dtype, max_model_len,
                     max_num_batched_tokens, 1 if g.count(MLA) else max(1, g.kv_heads // tp), page, tuple(groups),
-                    group_size, num_blocks, kv_tokens, per_request, concurrency, tuple(warnings))
+                    group_size, num_blocks, kv_tokens, per_request, concurrency, tuple(warnings),
+                    tuple(skip_layers), skip_dtype, tuple(block_sizes))

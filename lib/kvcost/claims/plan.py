@@ -6,17 +6,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import fleet, post
+from .. import decode, gpus, post, weights
 from ..experiments.plan import needle_summary, paired_worse
 from ..models import load_model
-from ..paths import data_path
 from ..provenance import checked
 from .report import Check
 
-__all__ = ["DECODE_PUBLISHED", "FP8", "Q4", "Q8", "decode_checks", "needle_reading", "readings"]
-
-#: Published decode measurements (ITL slopes and intercepts, ITL under load), each row cited.
-DECODE_PUBLISHED = data_path("decode_published.csv")
+__all__ = ["FP8", "Q4", "Q8", "decode_checks", "needle_reading", "readings"]
 
 FP8, Q8, Q4 = "fp8_e4m3/fp8_e4m3", "q8_0/q8_0", "q4_0/q4_0"
 
@@ -85,61 +81,75 @@ def readings(table: pd.DataFrame, needle: pd.DataFrame, post_request_tokens: int
     return out
 
 
-def decode_checks(path: str | Path | None = None, efficiency: float = fleet.DEFAULT_EFFICIENCY) -> pd.DataFrame:
-    """The decode estimate (:func:`kvcost.fleet.decode`) against each published measurement of
-    ``data/decode_published.csv``: one row per measurement with the estimate at ``efficiency``, the
-    bandwidth share the measurement implies (the estimate's bytes at full bandwidth over the measured
-    time), and for each fp8 slope the measured and estimated ratio to bf16's.
+def decode_checks(path: str | Path | None = None, efficiency: float = decode.DEFAULT_EFFICIENCY) -> pd.DataFrame:
+    """The decode estimate (:func:`kvcost.decode.estimate`) against each published measurement of
+    ``data/decode_published.csv``: one row per measurement with the estimate at ``efficiency`` (KV reads
+    slowed by the kernel's published factor, :func:`kvcost.decode.kernel_factors`) and on bytes alone, the
+    bandwidth share the measurement implies (the bytes-only estimate at full bandwidth over the measured
+    time), and for each fp8 slope the measured and estimated ratio to bf16's. ``role`` says which rows
+    calibrate the kernel factors (:data:`kvcost.decode.CALIBRATION_MODEL`'s slopes: they agree by
+    construction) and which are held out (every other row: where they disagree, bytes and one factor per
+    kernel are too simple).
 
     ``itl_slope``: ms per context token at concurrency 1, the growth bytes of every non-windowed layer;
     ``itl_intercept``: ms at an empty context, the weights read once (MoE: the experts one token reaches);
     ``median_itl_c8_20k``: 8 requests at 21,000 tokens each (the ~20k input plus half the ~2k output).
     """
-    with open(checked(path or DECODE_PUBLISHED), newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    if path is None:
+        rows = decode.published()
+    else:
+        with open(checked(path), newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
     slopes: dict[tuple[str, str, str], float] = {}
-    est_slopes: dict[tuple[str, str, str], float] = {}
+    est: dict[tuple[str, str, str], tuple[float, float]] = {}
     out = []
     for r in rows:
-        card, g = fleet.gpu(r["gpu"]), load_model(r["model"])
-        w = fleet.weights(r["model"])
+        card, g = gpus.gpu(r["gpu"]), load_model(r["model"])
+        w = weights.model_weights(r["model"])
         value = float(r["value"])
         q = r["quantity"]
         bw = card.bandwidth_tbs
         assert bw is not None
         if q == "itl_slope":
-            full = fleet.decode(g, w, r["kv"], 1, 1, bw, efficiency=1.0).slope_ms_per_token
+            full = decode.estimate(g, w, r["kv"], 1, 1, bw, efficiency=1.0, card=card).slope_ms_per_token
+            plain = decode.estimate(g, w, r["kv"], 1, 1, bw, efficiency=1.0).slope_ms_per_token
             slopes[r["gpu"], r["model"], r["kv"]] = value
-            est_slopes[r["gpu"], r["model"], r["kv"]] = full
+            est[r["gpu"], r["model"], r["kv"]] = (full, plain)
         elif q == "itl_intercept":
-            d = fleet.decode(g, w, r["kv"], 1, 1, bw, efficiency=1.0)
-            full = d.weights_read_bytes / (bw * 1e12) * 1e3
+            d = decode.estimate(g, w, r["kv"], 1, 1, bw, efficiency=1.0)
+            full = plain = d.weights_read_bytes / (bw * 1e12) * 1e3
         elif q == "median_itl_c8_20k":
-            full = fleet.decode(g, w, r["kv"], 21000, 8, bw, efficiency=1.0).itl_ms
+            full = decode.estimate(g, w, r["kv"], 21000, 8, bw, efficiency=1.0, card=card).itl_ms
+            plain = decode.estimate(g, w, r["kv"], 21000, 8, bw, efficiency=1.0).itl_ms
         else:
             continue
+        calib = q == "itl_slope" and r["model"] == decode.CALIBRATION_MODEL
         out.append({"gpu": r["gpu"], "model": r["model"], "kv": r["kv"], "quantity": q, "published": value,
-                    "estimate": full / efficiency, "implied_efficiency": full / value,
-                    "estimate_over_published": full / efficiency / value, "setting": r["setting"],
+                    "estimate": full / efficiency, "estimate_bytes_only": plain / efficiency,
+                    "implied_efficiency": plain / value, "estimate_over_published": full / efficiency / value,
+                    "role": "calibration" if calib else "held out", "setting": r["setting"],
                     "citation": r["citation"]})
     table = pd.DataFrame(out)
     ratios = []
+
+    def ratio_row(gpu_name: str, model: str, kv: str, quantity: str, published: float, setting: str,
+                  citation: str) -> dict[str, object]:
+        (f, p), (f0, p0) = est[gpu_name, model, kv], est[gpu_name, model, "bf16"]
+        calib = model == decode.CALIBRATION_MODEL and quantity == "slope_ratio_to_bf16"
+        return {"gpu": gpu_name, "model": model, "kv": kv, "quantity": quantity, "published": published,
+                "estimate": f / f0, "estimate_bytes_only": p / p0, "implied_efficiency": float("nan"),
+                "role": "calibration" if calib else "held out", "setting": setting, "citation": citation}
+
     for (gpu_name, model, kv), value in slopes.items():
         base = slopes.get((gpu_name, model, "bf16"))
         if kv == "bf16" or base is None:
             continue
-        ratios.append({"gpu": gpu_name, "model": model, "kv": kv, "quantity": "slope_ratio_to_bf16",
-                       "published": value / base,
-                       "estimate": est_slopes[gpu_name, model, kv] / est_slopes[gpu_name, model, "bf16"],
-                       "implied_efficiency": float("nan"), "setting": "fitted ITL slopes, concurrency 1",
-                       "citation": "ratio of the two slopes above"})
+        ratios.append(ratio_row(gpu_name, model, kv, "slope_ratio_to_bf16", value / base,
+                                "fitted ITL slopes, concurrency 1", "ratio of the two slopes above"))
     for r in rows:
         if r["quantity"] == "slope_ratio_before":
-            ratios.append({"gpu": r["gpu"], "model": r["model"], "kv": r["kv"], "quantity": "slope_ratio_before_fixes",
-                           "published": float(r["value"]),
-                           "estimate": est_slopes[r["gpu"], r["model"], r["kv"]] / est_slopes[r["gpu"], r["model"],
-                                                                                             "bf16"],
-                           "implied_efficiency": float("nan"), "setting": r["setting"], "citation": r["citation"]})
+            ratios.append(ratio_row(r["gpu"], r["model"], r["kv"], "slope_ratio_before_fixes", float(r["value"]),
+                                    r["setting"], r["citation"]))
     if ratios:
         rt = pd.DataFrame(ratios)
         rt["estimate_over_published"] = rt.estimate / rt.published

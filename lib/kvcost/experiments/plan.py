@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import fleet, quant, realkv, stats, vllm
+from .. import decode, fleet, quant, realkv, stats, vllm
+from ..gpus import gpu as catalogue_gpu
 from ..models import load_model
 from ..paths import data_path
 from ..provenance import checked
@@ -193,7 +194,7 @@ def readme_table(gpu: str = "H100", utilization: float = 0.9, rows: Sequence[tup
     16, max_num_batched_tokens 2048), weights from each record, the default reserve. Markdown."""
     rows = list(rows or README_ROWS)
     columns = list(columns or README_COLUMNS)
-    card = fleet.gpu(gpu)
+    card = catalogue_gpu(gpu)
     lines = ["| model | context | " + " | ".join(h for h, _, _ in columns) + " |",
              "| --- | ---: | " + " | ".join("---:" for _ in columns) + " |"]
     for name, ctx in rows:
@@ -208,14 +209,14 @@ def readme_table(gpu: str = "H100", utilization: float = 0.9, rows: Sequence[tup
 
 def decode_table(models: Sequence[str], gpus: Sequence[str], contexts: Sequence[int], dtypes: Sequence[str],
                  engine: str = "vllm", utilization: float = 0.9,
-                 efficiency: float = fleet.DEFAULT_EFFICIENCY) -> pd.DataFrame:
+                 efficiency: float = decode.DEFAULT_EFFICIENCY) -> pd.DataFrame:
     """Per model, GPU, context and KV format: requests that fit (as ``engine`` counts them) and the decode
     estimate at that many requests (ITL, tokens/s per request and per GPU). An estimate, not a measurement."""
     out = []
     for name in models:
         g = load_model(name)
         for gname in gpus:
-            card = fleet.gpu(gname)
+            card = catalogue_gpu(gname)
             for ctx in contexts:
                 f = fleet.plan(g, g.name, None, ctx, utilization=utilization, dtypes=list(dtypes), engine=engine,
                                card=card, efficiency=efficiency)
