@@ -21,7 +21,7 @@ import pandas as pd
 from . import attention, floats, provenance, realmodel, synthetic
 from .experiments import flat_sum, needle, realmodel_passkey
 from .numerics import accum, fa3, instructions, oracle, tensorcore
-from .output import repo_root
+from .paths import data_path
 
 __all__ = ["BENCHMARKS", "BenchResult", "main", "run"]
 
@@ -231,7 +231,7 @@ def _real_model_rows() -> list[BenchResult]:
     model, tok = realmodel.load(2)
     attn = realmodel_passkey.FA3Attention()
     attn.register(model)
-    text = provenance.checked(repo_root() / "data" / "text" / "pride_and_prejudice.txt").read_text(encoding="utf-8")
+    text = provenance.checked(data_path("text", "pride_and_prejudice.txt")).read_text(encoding="utf-8")
     n = 256
     ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"][:n]])
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import quant
+from .paths import data_path
 from .provenance import sha256
 from .storage.spec import HADAMARD, CacheSpec, ChannelOrderError, parse_spec
 
@@ -60,7 +61,7 @@ __all__ = [
 #: The text every real-model run reads (public domain; data/text/README.md) and the columns of a
 #: per-window perplexity row, shared by our runs and llama.cpp's (``scripts/real_model_ppl.py``,
 #: ``scripts/llamacpp_reference.py``).
-TEXT = Path(__file__).resolve().parents[2] / "data" / "text" / "pride_and_prejudice.txt"
+TEXT = data_path("text", "pride_and_prejudice.txt")
 WINDOW_FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
                  "correct", "seconds"]
 WINDOW_KEY = [("context", int), ("window", int), ("format", str)]
