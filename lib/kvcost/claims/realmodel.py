@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..experiments import realmodel as tables
-from ..output import repo_root
+from ..paths import data_dir, data_path
 from ..provenance import checked
 from .report import Check
 
@@ -28,7 +28,8 @@ ROTATION_MOST = 0.5
 
 def load_claims(root: Path | None = None) -> pd.DataFrame:
     """The published claims, indexed by ``claim``."""
-    return pd.read_csv(checked((root or repo_root()) / tables.DATA / "published_claims.csv")).set_index("claim")
+    folder = root / tables.DATA if root else data_path("real_model")
+    return pd.read_csv(checked(folder / "published_claims.csv")).set_index("claim")
 
 
 def _row(table: pd.DataFrame, context: int, fmt: str) -> pd.Series | None:
@@ -194,7 +195,7 @@ def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bit
     col = tables.collapse_table(table, full_bits)
     if col.empty:
         return None
-    pub = pd.read_csv(checked((root or repo_root()) / "data" / "accumulation_published.csv"))
+    pub = pd.read_csv(checked((root / "data" if root else data_dir()) / "accumulation_published.csv"))
     pub = pub.set_index("quantity")["value"]
     published = (f"{pub['niah_bf16']:.0%} → {pub['niah_fp8_tensor_core_accumulation']:.0%} at 128k "
                  f"(x = 131072·2^-13 = {131072 / 2 ** 13:g})")

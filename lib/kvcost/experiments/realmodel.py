@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from .. import realkv, realmodel, stats
-from ..output import repo_root
+from ..paths import data_path, repo_root
 from ..provenance import checked
 
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
@@ -53,7 +53,7 @@ STORE_FORMATS_NUMPY = ("bf16", "fp8_e4m3", "q8_0", "q4_0", "q5_1", "iq4_nl", "ki
 
 
 def _path(name: str, root: Path | None) -> Path:
-    return (root or repo_root()) / DATA / name
+    return (root / DATA if root else data_path("real_model")) / name
 
 
 def load_windows(name: str = "ppl_windows.csv", root: Path | None = None) -> pd.DataFrame:
