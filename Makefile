@@ -45,8 +45,13 @@ notebooks: $(STAMP) ## re-execute the committed notebooks in place, volatile met
 
 test: lint unit nbval ## lint, unit tests, then nbval on every committed notebook (what CI runs)
 
-unit: $(STAMP) ## unit tests only
-	$(PY) -m pytest tests
+# Tests run on TEST_JOBS workers (pytest-xdist): a test file stays on one worker (--dist loadfile),
+# a notebook's cells on one kernel (--dist loadscope, as nbval's README asks); TEST_JOBS=0 runs serially.
+TEST_JOBS ?= 2
+XDIST     := $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS))
+
+unit: $(STAMP) ## unit tests only (TEST_JOBS=2 workers; TEST_JOBS=0 serial)
+	$(PY) -m pytest $(XDIST) $(if $(XDIST),--dist loadfile) tests
 
 # nbval re-executes the stored outputs with one BLAS and one numba thread (unless the caller
 # sets these), while `make notebooks` writes them with the machine's default: a printed digit
@@ -55,8 +60,8 @@ NBVAL_THREADS := OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREAD
   NUMBA_NUM_THREADS=$${NUMBA_NUM_THREADS:-1}
 
 nbval: $(STAMP) ## nbval on every committed notebook, from notebooks/, single-threaded
-	cd notebooks && $(NBVAL_THREADS) $(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env \
-	  --nbval-sanitize-with ../tests/nbval_sanitize.cfg $(notdir $(NOTEBOOKS))
+	cd notebooks && $(NBVAL_THREADS) $(PY) -m pytest -p no:cacheprovider $(XDIST) $(if $(XDIST),--dist loadscope) \
+	  --nbval --nbval-current-env --nbval-sanitize-with ../tests/nbval_sanitize.cfg $(notdir $(NOTEBOOKS))
 
 bench: $(STAMP) ## speed benchmarks: a table printed and saved to results/bench.csv
 	$(PY) -m kvcost.bench --out results/bench.csv
