@@ -12,6 +12,7 @@ from kvcost import formats, quant, sizing, vllm
 from kvcost.storage import CacheSpec, parse_spec
 from kvcost.storage import blockfloat as bf
 from kvcost.storage import turboquant as tq
+from kvcost.storage.spec import llamacpp_rotation
 
 ALL = formats.all_names()
 RNG = np.random.default_rng(23)
@@ -332,6 +333,26 @@ def test_formats_describe_full() -> None:
     assert d["bits_per_value"] == 4.5 and d["element"] == "float4_e2m1fn" and d["engines"]["vllm"] == "nvfp4"
     assert d["bytes_per_value"] == str(Fraction(9, 16))
     assert isinstance(parse_spec("nvfp4"), CacheSpec)
+
+
+# ------------------------------------------------------------------ llama.cpp's rotation as shipped
+
+def test_llamacpp_rotation_as_shipped() -> None:
+    # llama-kv-cache.cpp (ggml-org/llama.cpp@0c1e57098): quantized types and head sizes % 64 only; K in blocks of
+    # the largest power of two dividing the head size, V in blocks of 64; LLAMA_ATTN_ROT_DISABLE=1 turns both off
+    assert llamacpp_rotation("q4_0") == (128, 64)
+    assert llamacpp_rotation("q8_0", "q4_0", 64) == (64, 64)                 # SmolLM2: kvcost's +hadamard is this
+    assert llamacpp_rotation("q8_0", "f16", 128) == (128, None)              # f16 V is never rotated
+    assert llamacpp_rotation("f16") == llamacpp_rotation("bf16") == (None, None)
+    assert llamacpp_rotation("q4_0", head_dim_k=96) == (None, None)          # 96 % 64 != 0
+    assert llamacpp_rotation("iq4_nl", head_dim_k=256) == (256, 64)
+    assert llamacpp_rotation("q5_1", head_dim_k=576, head_dim_v=512) == (64, 64)
+    assert llamacpp_rotation("q4_0", disabled=True) == (None, None)
+    assert llamacpp_rotation("nvfp4") == (None, None)                         # not a llama.cpp cache type
+    with pytest.raises(ValueError, match="'type_k'"):
+        llamacpp_rotation("q3_k")
+    with pytest.raises(ValueError, match="'head_dim_v'"):
+        llamacpp_rotation("q4_0", head_dim_v=0)
 
 
 # ------------------------------------------------------------------ vLLM's TurboQuant presets

@@ -9,8 +9,10 @@ text itself.
 ``store:``               the format stores the real decoder's cache (a passkey variant's prefix)
 ``K`` / ``K/V``          K's format, and V's when it differs (llama.cpp ``-ctk q8_0 -ctv q4_0``);
                          any :mod:`kvcost.formats` name or alias (``fp8`` is ``fp8_e4m3``)
-``+hadamard``            K and V rotated by the normalized Hadamard matrix before storing (llama.cpp
-                         PR #21038; QuaRot)
+``+hadamard``            K and V rotated by the normalized Hadamard matrix of the whole head before storing
+                         (QuaRot; llama.cpp PR #21038's idea). llama.cpp as shipped rotates K in blocks of
+                         the largest power of two (>= 64) dividing the head size and V in blocks of 64,
+                         by default, for quantized cache types only: :func:`llamacpp_rotation`
 ``@hf`` / ``@gguf``      the channel order K's blocks are cut in: transformers' or the GGUF file's
                          (:data:`kvcost.realmodel.K_LAYOUTS`); only for formats with channel blocks
 ``;skip=a,b``            layers kept unquantized, as vLLM's ``kv_cache_dtype_skip_layers``: layer
@@ -28,7 +30,8 @@ from dataclasses import dataclass
 
 from .. import formats
 
-__all__ = ["CHANNEL_ORDERS", "HADAMARD", "SKIP_KINDS", "STORE_PREFIX", "CacheSpec", "ChannelOrderError", "parse_spec"]
+__all__ = ["CHANNEL_ORDERS", "HADAMARD", "LLAMACPP_ROT_MIN", "SKIP_KINDS", "STORE_PREFIX", "CacheSpec",
+           "ChannelOrderError", "llamacpp_rotation", "parse_spec"]
 
 #: The prefix that marks a stored-format variant of the real decoder's runs.
 STORE_PREFIX = "store:"
@@ -38,6 +41,9 @@ HADAMARD = "+hadamard"
 CHANNEL_ORDERS = ("gguf", "hf")
 #: Attention types a skip list may name (vLLM ``kv_cache_dtype_skip_layers``).
 SKIP_KINDS = ("sliding_window",)
+
+#: llama.cpp's smallest rotation block, and V's only one (data/storage_formats.md, llama.cpp: rotation as shipped).
+LLAMACPP_ROT_MIN = 64
 
 _GRAMMAR = re.compile(
     r"(?P<store>store:)?(?P<k>[a-z0-9_]+)(?:/(?P<v>[a-z0-9_]+))?(?P<rot>\+hadamard)?(?:@(?P<order>[a-z]+))?"
@@ -165,3 +171,36 @@ def parse_spec(spec: str | CacheSpec, v_dtype: str | None = None, *, param: str 
                              f"{out.label!r}")
         out = CacheSpec(out.k, v, out.rotation, out.k_order, out.skip_layers, out.skip_dtype, out.store)
     return out
+
+
+def _rot_block(fmt: str, head_dim: object, param: str, largest: bool) -> int | None:
+    f = formats.get(fmt)
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"parameter {param!r} must be a positive integer, got {head_dim!r}")
+    if f.family != "ggml" or head_dim % LLAMACPP_ROT_MIN:
+        return None
+    n = LLAMACPP_ROT_MIN
+    while largest and head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def llamacpp_rotation(type_k: str, type_v: str | None = None, head_dim_k: int = 128, head_dim_v: int | None = None,
+                      *, disabled: bool = False) -> tuple[int | None, int | None]:
+    """The Hadamard block sizes llama.cpp rotates K and V in by default, ``(k_block, v_block)``, None where it
+    does not rotate (llama.cpp's ``llama_kv_cache`` constructor and ``build_input_k_rot`` / ``build_input_v_rot``,
+    read in llama-cpp-python 0.3.36's vendored ggml-org/llama.cpp@0c1e57098; data/storage_formats.md).
+
+    A cache is rotated only when its type is a quantized ggml type (``-ctk`` / ``-ctv`` q8_0, q4_0, q4_1,
+    q5_0, q5_1, iq4_nl; never f32 / f16 / bf16) and the head size is a multiple of 64: K (and Q) in blocks of the
+    largest power of two dividing the head size, V in blocks of 64 (the attention output rotated back with the same
+    matrix). ``disabled=True`` is ``LLAMA_ATTN_ROT_DISABLE=1``. Models whose layers differ in head size are not
+    rotated (``n_embd_head_k_all = -1``), and DeepSeek's lightning indexers always rotate K: neither is modelled here.
+    ``type_v`` defaults to ``type_k`` and ``head_dim_v`` to ``head_dim_k``."""
+    if not isinstance(disabled, bool):
+        raise ValueError(f"parameter 'disabled' must be True or False, got {disabled!r}")
+    tv = type_k if type_v is None else type_v
+    hv = head_dim_k if head_dim_v is None else head_dim_v
+    k = _rot_block(_canonical(type_k, "format", "type_k"), head_dim_k, "head_dim_k", True)
+    v = _rot_block(_canonical(tv, "format", "type_v"), hv, "head_dim_v", False)
+    return (None, None) if disabled else (k, v)
