@@ -30,45 +30,55 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a checkout without `make setup`
 
-from kvcost import provenance, realmodel
+from kvcost import formats, provenance, realmodel
 from kvcost.output import repo_root
 from kvcost.script_args import checked, int_at_least
+from kvcost.storage import parse_spec
+from kvcost.storage.spec import llamacpp_rotation
 
 ROOT = repo_root()
 
 TEXT = realmodel.TEXT
 OUT = ROOT / "data" / "real_model" / "llamacpp_windows.csv"
-# our format name -> (type_k, type_v) as GGML type names
-CACHE_TYPES = {
-    "fp32": ("F32", "F32"), "fp16": ("F16", "F16"), "bf16": ("BF16", "BF16"), "q8_0": ("Q8_0", "Q8_0"),
-    "q4_0": ("Q4_0", "Q4_0"), "q4_1": ("Q4_1", "Q4_1"), "q5_0": ("Q5_0", "Q5_0"), "q5_1": ("Q5_1", "Q5_1"),
-    "iq4_nl": ("IQ4_NL", "IQ4_NL"), "q8_0/q4_0": ("Q8_0", "Q4_0"),
-}
-
-HAD = "+hadamard"
-DEFAULT_FORMATS = [f for f in CACHE_TYPES] + [f + HAD for f in CACHE_TYPES if f not in ("fp32", "fp16", "bf16")]
+#: The cache specs run by default: every llama.cpp -ctk/-ctv type by kvcost's names, K q8_0 / V q4_0, and each
+#: quantized one '+hadamard' (the build's rotation left on).
+_PLAIN = ["fp32", "fp16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0"]
+DEFAULT_FORMATS = _PLAIN + [parse_spec(f + "+hadamard").label for f in _PLAIN if formats.get(parse_spec(f).k).family
+                            == "ggml"]
 # ggml.h's enum value for BF16, which llama_cpp's Python constants lack (GGML_TYPE_BF16 = 30).
 _MISSING_TYPES = {"BF16": 30}
+_HEAD_DIM = 64      # SmolLM2-135M's head size: llama.cpp's rotation blocks for it (storage.spec.llamacpp_rotation)
 
 
 def _ggml_type(llama_cpp, name: str) -> int:
     return int(getattr(llama_cpp, f"GGML_TYPE_{name}", _MISSING_TYPES.get(name, -1)))
 
 
-def _rotation(fmt: str) -> None:
+def cache_types(text: str) -> tuple[str, str, bool]:
+    """``(type_k, type_v, rotated)`` of a cache spec (kvcost.storage.parse_spec): the GGML type names llama.cpp's
+    ``-ctk`` / ``-ctv`` call K's and V's formats, and whether the row keeps the build's Hadamard rotation
+    (``+hadamard``; llama.cpp rotates quantized types only, so a plain float with ``+hadamard`` is refused)."""
+    spec = parse_spec(text, param="--formats")
+    tk, tv = (formats.engine_name(f, "llama.cpp") for f in (spec.k, spec.v))
+    rotates = llamacpp_rotation(spec.k, spec.v, _HEAD_DIM) != (None, None)
+    if (tk is None or tv is None or spec.k_order is not None or spec.skip_layers or spec.store
+            or (spec.rotation and not rotates)):
+        raise ValueError(f"{text!r} is not a llama.cpp cache type pair, one of {DEFAULT_FORMATS}")
+    return tk.upper(), tv.upper(), spec.rotation is not None
+
+
+def _rotation(rotated: bool) -> None:
     """This build rotates quantized K and V by a Hadamard matrix unless LLAMA_ATTN_ROT_DISABLE is set
-    (llama.cpp PR #21038; src/llama-kv-cache.cpp, read when a context is created): a quantized
-    ``fmt`` without ``+hadamard`` sets it, ``+hadamard`` (the build's default) clears it."""
-    if fmt.endswith(HAD):
+    (src/llama-kv-cache.cpp, read when a context is created; data/storage_formats.md): a quantized row without
+    ``+hadamard`` sets it, ``+hadamard`` (the build's default) clears it."""
+    if rotated:
         os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
     else:
         os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
 
 
 def _cache_type(text: str) -> None:
-    base = text.removesuffix(HAD)
-    if base not in CACHE_TYPES or (text.endswith(HAD) and CACHE_TYPES[base][0] in ("F32", "F16", "BF16")):
-        raise ValueError(f"{text!r} is not one of {DEFAULT_FORMATS}")
+    cache_types(text)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -122,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             "versions": vers, "gguf_sha256": realmodel.sha256(gguf),
             "system_info": llama_cpp.llama_print_system_info().decode(),
             "settings": {"flash_attn": True, "logits_all": True, "n_ubatch": 512, "n_threads": args.threads,
-                         "n_batch": "context", "cache_types": {f: CACHE_TYPES[f.removesuffix(HAD)] for f in formats},
+                         "n_batch": "context", "cache_types": {f: cache_types(f)[:2] for f in formats},
                          "rotation": "quantized K/V rotated by the build's Hadamard (PR #21038) for '+hadamard' rows; "
                                      "LLAMA_ATTN_ROT_DISABLE=1 for plain quantized rows"},
             "text": str(TEXT.relative_to(ROOT)), "text_sha256": realmodel.sha256(TEXT),
@@ -140,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                     name = fmt
                     if (c, w, name) in done and fmt not in ("fp32", "fp16"):
                         continue
-                    tk, tv = CACHE_TYPES[fmt.removesuffix(HAD)]
-                    _rotation(fmt)
+                    tk, tv, rotated = cache_types(fmt)
+                    _rotation(rotated)
                     t0 = time.perf_counter()
                     llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=c, n_batch=c, n_ubatch=512,
                                           n_threads=args.threads, n_threads_batch=args.threads,
