@@ -17,8 +17,11 @@ from kvcost.experiments import longrange as lr
 
 SEEDS = [1, 2, 3]
 
-#: The committed default run's verdicts (notebook 06): every reading holds.
+#: The committed default run's verdicts (notebook 06) by the old share: every reading holds.
 LONGRANGE_VERDICTS = [claims.HOLDS] * 7
+#: With the carried-weight retrieval run (issue 22): the needle is not dropped (the reading does not hold),
+#: the output shrinks (a reading of its own, after it), the rest as before.
+RETRIEVAL_VERDICTS = [claims.HOLDS, claims.HOLDS, claims.DOES_NOT_HOLD] + [claims.HOLDS] * 5
 #: Notebook 04b's committed verdicts, row by row: the probabilistic sqrt(n)*u rule fails, and
 #: DeepSeek-V3's "nearly 2%" is matched only by the mean-1 inputs.
 BEYOND_FLAT_AGREES = [True, True, True, True, True, False, True, True, False, False, True, False, True, True]
@@ -45,6 +48,16 @@ def test_long_range_verdicts_hold_for_every_seed(picked, seed):
     rates = lr.rate_table(needle, ["fix"]).set_index("fix")
     assert rates.loc["no fix", "hi"] < rates.loc["bf16 P, fp32 acc", "lo"]
     assert rates.loc["PR #104 every tile", "k"] == rates.loc["PR #104 every tile", "n"] == 24
+    # the carried weight on real query heads at the same n·2^-b: six heads spread over the extract's layers
+    qh = lr.query_heads()
+    ret = lr.retrieval_grid([qh[i] for i in (0, 9, 18, 27, 36, 44)], 8192, 1, 0.05, seed,
+                            [("Hopper", "no fix"), ("Hopper", "PR #104 every tile"), ("Hopper", lr.REFERENCE)],
+                            frac_bits=9)
+    readings = claims.readings(context, where, knobs, scaling, beyond_flat_claims.load_published(), frac_bits=10,
+                               needle=needle, retrieval=ret)
+    assert claims.verdicts(readings) == RETRIEVAL_VERDICTS
+    lv = claims.loss_verdicts(ret).set_index(["arch", "fix"])
+    assert lv.loc[("Hopper", "no fix"), "verdict"] == "haystack shrinkage, no needle loss detected"
 
 
 @pytest.mark.parametrize("seed", SEEDS)

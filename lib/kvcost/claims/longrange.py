@@ -7,6 +7,7 @@ number of haystacks (a comparison of rates whose Wilson 95% intervals overlap)."
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,11 +15,14 @@ import numpy as np
 import pandas as pd
 
 from .. import stats
-from ..experiments.longrange import published_niah, rate_table
+from ..experiments.longrange import KEEP, REFERENCE, kept_table, published_niah, rate_table
 from .report import Check
 
-__all__ = ["DOES_NOT_HOLD", "HOLDS", "NOT_SHOWN", "Reading", "checks", "not_shown_markdown", "pct", "pct_table",
-           "readings", "scaling_fit", "verdicts"]
+__all__ = ["DOES_NOT_HOLD", "HOLDS", "NOT_SHOWN", "Reading", "checks", "loss_verdicts", "not_shown_markdown",
+           "pct", "pct_table", "readings", "scaling_fit", "threshold_table", "verdicts"]
+
+#: The output "shrinks" when the gain's 95% interval (over heads) lies below 1 - SHRINK_TOL.
+SHRINK_TOL = 0.01
 
 HOLDS, DOES_NOT_HOLD, NOT_SHOWN = "holds", "does not hold", "not shown"
 
@@ -119,10 +123,86 @@ def _needle_reading(needle: pd.DataFrame) -> Reading:
         if status == DOES_NOT_HOLD else f"not shown at n = {int(nf['n'])} (the two 95% intervals overlap)"), status)
 
 
+def _mean_interval(x: pd.Series) -> tuple[float, float, float]:
+    """Mean of per-cluster values and its normal 95% interval over the clusters (the clusters' spread)."""
+    m = len(x)
+    mu = float(x.mean())
+    half = stats.Z95 * float(x.std(ddof=1)) / math.sqrt(m) if m > 1 else float("inf")
+    return mu, mu - half, mu + half
+
+
+def loss_verdicts(ret: pd.DataFrame, reference: tuple[str, str] = ("Hopper", REFERENCE)) -> pd.DataFrame:
+    """Per (arch, fix) cell of a retrieval table (:func:`kvcost.experiments.longrange.retrieval_grid`): which
+    loss the kernel causes. ``shrinks``: the mean over heads of each head's mean gain has its 95% interval
+    below 1 - :data:`SHRINK_TOL` (the output loses haystack mass); ``needle_lost``: the kept rate's clustered
+    interval lies wholly below the reference kernel's (cell ``reference``). ``verdict`` names the loss;
+    ``text`` gives the numbers; ``excluded`` = 1 - the kept rate's lower bound (loss rates above it are
+    excluded at 95%)."""
+    kt = kept_table(ret, ["arch", "fix"]).set_index(["arch", "fix"])
+    ref = kt.loc[reference]
+    rows = []
+    for (arch, fix), g in ret.groupby(["arch", "fix"], sort=False):
+        r = kt.loc[(arch, fix)]
+        gmu, glo, ghi = _mean_interval(g.groupby("head")["gain"].mean())
+        cmu, clo, chi = _mean_interval(g.groupby("head")["carried"].mean())
+        shrinks = ghi < 1 - SHRINK_TOL
+        lost = (arch, fix) != tuple(reference) and r["hi"] < ref["lo"]
+        verdict = {(True, True): "needle loss and haystack shrinkage", (True, False): "needle loss",
+                   (False, True): "haystack shrinkage, no needle loss detected",
+                   (False, False): "neither detected"}[(bool(lost), bool(shrinks))]
+        n_tok = int(g["n_tokens"].max())
+        text = (f"{arch}, {fix}, {n_tok:,} tokens: gain {gmu:.2f} [{glo:.2f}, {ghi:.2f}], carried weight "
+                f"{cmu:.2f} [{clo:.2f}, {chi:.2f}] (means over {int(r['heads'])} heads, 95%); kept {r['text']}"
+                + ("" if lost else f"; loss rates above {1 - r['lo']:.0%} excluded"))
+        rows.append({"arch": arch, "fix": fix, "haystacks": int(r["n"]), "heads": int(r["heads"]), "gain": gmu,
+                     "gain_lo": glo, "gain_hi": ghi, "carried": cmu, "carried_lo": clo, "carried_hi": chi,
+                     "kept": r["rate"], "kept_lo": r["lo"], "kept_hi": r["hi"], "excluded": 1 - r["lo"],
+                     "shrinks": bool(shrinks), "needle_lost": bool(lost), "verdict": verdict, "text": text})
+    return pd.DataFrame(rows)
+
+
+def threshold_table(ret: pd.DataFrame, cuts: Sequence[float] = (0.25, 0.5, 0.75, 0.9)) -> pd.DataFrame:
+    """How the kept rate of each (arch, fix) moves with the cut on the carried weight (kept when carried >=
+    cut and <= KEEP[1]), pooled over heads with clustered intervals; and the old share rule beside it."""
+    out = {}
+    for c in cuts:
+        d = ret.assign(kept=(ret["carried"] >= c) & (ret["carried"] <= KEEP[1]))
+        out[f"carried >= {c:g}"] = kept_table(d, ["arch", "fix"]).set_index(["arch", "fix"])["text"]
+    old = ret.assign(kept=ret["share_within_2x"].astype(bool))
+    out["old: share within 2x"] = kept_table(old, ["arch", "fix"]).set_index(["arch", "fix"])["text"]
+    return pd.DataFrame(out)
+
+
+def _retrieval_reading(ret: pd.DataFrame) -> Reading:
+    """The needle reading from a retrieval table: on Hopper without a fix, holds when the needle is lost
+    (kept rate's clustered interval below the reference kernel's); does not hold when it is not and the
+    kept rate's interval lies above one half; not shown otherwise."""
+    lv = loss_verdicts(ret).set_index(["arch", "fix"])
+    nf = lv.loc[("Hopper", "no fix")]
+    if nf["needle_lost"]:
+        status = HOLDS
+    elif nf["kept_lo"] > 0.5:
+        status = DOES_NOT_HOLD
+    else:
+        status = NOT_SHOWN
+    others = "; ".join(f"{a}: {r['verdict']}" for (a, f), r in lv.iterrows() if f == "no fix" and a != "Hopper")
+    return Reading(Check(
+        "At ~100k tokens a low-precision accumulator silently drops the needle", "needle lost",
+        f"by the needle's carried weight (kept within {KEEP[0]:g}-{KEEP[1]:g}x of its exact contribution): "
+        f"{nf['text']} — {nf['verdict']}; reference kernel (bf16 P, fp32 accumulation) kept "
+        f"{lv.loc[('Hopper', REFERENCE), 'kept']:.0%}; FA3's algorithm without a fix on the other units: {others}",
+        status == HOLDS,
+        "what the kernel loses is the haystack's mass (the gain), while the needle's own contribution is carried: "
+        "the needle is kept" if status == DOES_NOT_HOLD else
+        f"not shown at n = {int(nf['haystacks'])} haystacks over {int(nf['heads'])} heads"), status)
+
+
 def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, scaling: pd.DataFrame,
-             published: pd.DataFrame, frac_bits: int = 13, needle: pd.DataFrame | None = None) -> list[Reading]:
-    """The readings for notebook 06 (see the module docstring), each with its verdict. ``needle``: the
-    retrieval rows the needle reading counts (default: ``context`` at its longest context)."""
+             published: pd.DataFrame, frac_bits: int = 13, needle: pd.DataFrame | None = None,
+             retrieval: pd.DataFrame | None = None) -> list[Reading]:
+    """The readings for notebook 06 (see the module docstring), each with its verdict. ``retrieval``: a
+    retrieval table (carried weight, per GPU) that the needle reading counts; without it, the old reading by
+    share on ``needle`` (default: ``context`` at its longest context)."""
     out = []
     nmax, nmin = int(context["n_tokens"].max()), int(context["n_tokens"].min())
     top = context[context["n_tokens"] == nmax]
@@ -150,9 +230,16 @@ def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, sc
 
     # the needle: by share (rates with Wilson intervals), and the gain
     needle = top if needle is None else needle
-    out.append(_needle_reading(needle))
+    out.append(_needle_reading(needle) if retrieval is None else _retrieval_reading(retrieval))
     nn = int(needle["n_tokens"].max())
     rates = rate_table(needle[needle["n_tokens"] == nn], ["fix"]).set_index("fix")
+    if retrieval is not None:
+        lv = loss_verdicts(retrieval).set_index(["arch", "fix"])
+        hop = lv.loc[("Hopper", "no fix")]
+        out.append(_decided(Check(
+            "What the register loses without a fix is haystack mass: the output shrinks (issue 22)",
+            "gain below 1", hop["text"], bool(hop["shrinks"]),
+            "the gain's interval over heads reaches 1")))
 
     # the fixes, beside the published accuracies
     order = ["no fix", "PR #122 every 64", "PR #122 every 4", "PR #104 every tile"]
@@ -170,7 +257,11 @@ def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, sc
         f"{pub['BF16 (blog)']:.0%} -> {pub['no fix']:.0%} -> {pub['PR #104 every tile']:.0%}",
         f"per-head error at {nmax:,}: {pct(_med(top, 'fix', 'bf16 P, fp32 acc'))} (bf16 P, fp32 accumulation) -> "
         f"{pct(errs[0])} (FP8, no fix) -> {pct(errs[-1])} (PR #104)"
-        + (f"; needle retrieved by share at {nn:,}: " + " -> ".join(
+        + (f"; needle kept (carried weight) at {int(retrieval['n_tokens'].max()):,}: " + " -> ".join(
+            f"{lv.loc[('Hopper', f), 'kept']:.0%}" for f in (REFERENCE, "no fix", "PR #104 every tile")
+            if ("Hopper", f) in lv.index)
+           if retrieval is not None else
+           f"; needle retrieved by share at {nn:,}: " + " -> ".join(
             rates.loc[f, "retrieved (Wilson 95%)"] for f in ("bf16 P, fp32 acc", "no fix", "PR #104 every tile"))
            if "PR #104 every tile" in rates.index else "")
         + "; the same direction, but a per-head output error or share is not a NIAH accuracy: no model here "

@@ -53,6 +53,10 @@ __all__ = [
     "RETRIEVAL_CELLS",
     "QueryHead",
     "cell_kwargs",
+    "carried",
+    "carried_grid",
+    "committed_retrieval",
+    "retrieval_difference",
     "known_cases",
     "query_heads",
     "query_table",
@@ -423,7 +427,7 @@ def known_cases(h: Haystack, gain: float = 0.5) -> pd.DataFrame:
     """The measures on outputs whose answer is known, built from one haystack's exact outputs: exact
     attention (kept, gain 1); the needle removed (the output without it, in both runs: carried 0, gone);
     the haystack alone shrunk by ``gain`` with the needle's contribution intact (kept); the needle's
-    contribution halved and the haystack intact (carried 0.5, at the rule's edge). Rows: case, gain,
+    contribution cut to a quarter and the haystack intact (carried 0.25: lost). Rows: case, gain,
     carried, kept, share (old measure), share_within_2x."""
     wj = h.weight
     vj, sw = h.v[h.needle].astype(np.float64), h.swap.astype(np.float64)
@@ -431,7 +435,7 @@ def known_cases(h: Haystack, gain: float = 0.5) -> pd.DataFrame:
     cases = {"exact attention": (h.ref, h.ref_off),
              "needle removed": (h.ref_off, h.ref_off),
              f"haystack shrunk to {gain:g}, needle intact": (gain * hay + wj * vj, gain * hay_off + wj * sw),
-             "needle's contribution halved": (h.ref - 0.5 * wj * (vj - sw), h.ref_off)}
+             "needle's contribution cut to a quarter": (h.ref - 0.75 * wj * (vj - sw), h.ref_off)}
     rows = []
     for name, (o, o_off) in cases.items():
         m = metrics(h, o)
@@ -470,12 +474,14 @@ RETRIEVAL_CELLS = (("Hopper", "no fix"), ("Hopper", "PR #104 every tile"), ("Hop
 
 
 def retrieval_grid(heads: Sequence[QueryHead], n: int, trials: int, needle_weight: float, seed: int,
-                   cells: Sequence[tuple[str, str]], block_n: int = 128, trial_list: Sequence[int] | None = None
-                   ) -> pd.DataFrame:
+                   cells: Sequence[tuple[str, str]], block_n: int = 128, trial_list: Sequence[int] | None = None,
+                   frac_bits: int | None = None) -> pd.DataFrame:
     """Every head x haystack (seeds ``seed + t``) at context ``n`` through each (arch, fix) cell, each
     haystack run with the needle and with its value replaced by h̄: rows head, layer, q_head, kv_head,
     n_tokens, trial, query_pos, needle_w, sink_w, recent_w (exact weights), arch, fix, block_n,
-    rel_l2, gain, carried, off_axis, kept, and the old measure share, share_within_2x."""
+    rel_l2, gain, carried, off_axis, kept, and the old measure share, share_within_2x. ``frac_bits``
+    narrows or widens P·V's kept fraction bits on every unit (None: each unit's own), for the scaling law.
+    ``trial_list``: the trials to run (default 0 .. trials - 1)."""
     trial_list = list(range(trials)) if trial_list is None else list(trial_list)
     d = heads[0].k.shape[1]
     per = max(1, (_BATCH_ELEMENTS // 2) // (n * d))
@@ -488,7 +494,7 @@ def retrieval_grid(heads: Sequence[QueryHead], n: int, trials: int, needle_weigh
         k = np.stack([x.k for x in hs] * 2)
         v = np.stack([x.v for x in hs] + [x.v_off() for x in hs])
         for arch, fix in cells:
-            outs = fa3.attend(q, k, v, block_n=block_n, **cell_kwargs(arch, fix))[:, 0]
+            outs = fa3.attend(q, k, v, block_n=block_n, frac_bits=frac_bits, **cell_kwargs(arch, fix))[:, 0]
             for i, ((h, t), x) in enumerate(zip(batch, hs)):
                 m = metrics(x, outs[i])
                 rows.append({"head": h.label, "layer": h.layer, "q_head": h.head, "kv_head": h.kv_head,
@@ -522,6 +528,26 @@ def kept_table(df: pd.DataFrame, by: Sequence[str], col: str = "kept", cluster: 
                     "head_max": float(rates.max()), "gain": float(g["gain"].median()),
                     "carried": float(g["carried"].median()) if "carried" in g else float("nan"), "text": txt})
     return pd.DataFrame(out)
+
+
+def carried_grid(profiles: Sequence[HeadProfile], n: int, d: int, trials: int, needle_weight: float, seed: int,
+                 fixes: Sequence[str] = ("no fix",), block_n: int = 96) -> pd.DataFrame:
+    """The old synthetic haystacks (:func:`make_haystack`, seeds seed .. seed + trials - 1) re-read with the
+    carried weight: each run with the needle and with its value replaced by h̄, on Hopper. Rows head,
+    n_tokens, trial, fix, gain, share, retrieved (the old rule), carried, off_axis, kept."""
+    rows = []
+    for prof in profiles:
+        for t in range(trials):
+            h = make_haystack(prof, n, d, needle_weight, seed + t)
+            for fix in fixes:
+                kw = cell_kwargs("Hopper", fix)
+                kw.pop("arch")
+                out = fa3.attend(np.stack([h.q, h.q])[:, None, :], np.stack([h.k, h.k]), np.stack([h.v, h.v_off()]),
+                                 block_n=block_n, **kw)[:, 0]
+                m = metrics(h, out[0])
+                rows.append({"head": prof.label, "n_tokens": n, "trial": t, "fix": fix, "gain": m["gain"],
+                             "share": m["share"], "retrieved": m["retrieved"], **carried(h, out[0], out[1])})
+    return pd.DataFrame(rows)
 
 
 def _attend(hs: Sequence[Haystack], block_n: int, **kw: object) -> np.ndarray:
@@ -631,6 +657,34 @@ def committed_needle(expect: dict[str, object], folder: str = NEEDLE_DIR) -> tup
     if any(k in expect and have[k] != expect[k] for k in _NEEDLE_KEYS):
         return None
     return pd.read_csv(csv), prov
+
+
+_RETRIEVAL_KEYS = ("n_tokens", "trials", "block_n", "needle_weight", "seed", "recent")
+
+
+def committed_retrieval(expect: dict[str, object] | None = None, folder: str = NEEDLE_DIR
+                        ) -> tuple[pd.DataFrame, dict] | None:
+    """The committed retrieval table (``retrieval.csv``, :func:`retrieval_grid` over every query head, written
+    by ``scripts/long_range_retrieval.py``) and its provenance (``retrieval.json``), or None when its
+    parameters are not ``expect``'s. A retrieval.csv whose sha256 differs raises ValueError naming the file."""
+    root = repo_root() / folder
+    prov = json.loads((root / "retrieval.json").read_text())
+    csv = checked(root / "retrieval.csv")
+    have = prov["parameters"]
+    if expect and any(k in expect and have[k] != expect[k] for k in _RETRIEVAL_KEYS):
+        return None
+    return pd.read_csv(csv), prov
+
+
+def retrieval_difference(committed: pd.DataFrame, live: pd.DataFrame) -> tuple[int, float, bool]:
+    """The committed retrieval rows that ``live`` recomputed (same head, trial, arch, fix): how many, the
+    largest |difference| of rel_l2, gain, carried and share, and whether every keep verdict agrees."""
+    keys = ["head", "trial", "arch", "fix"]
+    m = committed.merge(live, on=keys, suffixes=("_c", "_l"))
+    if not len(m):
+        return 0, float("nan"), True
+    diff = max(float((m[f"{c}_c"] - m[f"{c}_l"]).abs().max()) for c in ("rel_l2", "gain", "carried", "share"))
+    return len(m), diff, bool((m["kept_c"].astype(bool) == m["kept_l"].astype(bool)).all())
 
 
 def rate_table(df: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
