@@ -14,7 +14,7 @@ JOBS      ?= 2
 PAPERMILL := $(PY) -m papermill --cwd . -k python3 --no-progress-bar --log-level WARNING
 export PYTHONHASHSEED := 0
 
-.PHONY: help setup figures notebooks test lint unit nbval bench run sweep real-kv real-model real-model-sweeps llamacpp-reference lab clean
+.PHONY: help setup figures notebooks test lint unit nbval bench run sweep real-kv real-model real-model-sweeps llamacpp-reference lab clean site site-deps site-screenshot
 
 help: ## list the targets
 	@echo "kvcost — make targets:"
@@ -50,7 +50,7 @@ test: lint unit nbval ## lint, unit tests, then nbval on every committed noteboo
 TEST_JOBS ?= 2
 XDIST     := $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS))
 
-unit: $(STAMP) ## unit tests only (TEST_JOBS=2 workers; TEST_JOBS=0 serial)
+unit: $(STAMP) site-deps ## unit tests only (TEST_JOBS=2 workers; TEST_JOBS=0 serial)
 	$(PY) -m pytest $(XDIST) $(if $(XDIST),--dist loadfile) tests
 
 # nbval re-executes the stored outputs with one BLAS and one numba thread (unless the caller
@@ -101,8 +101,31 @@ LAB_ARGS ?=
 # turned off unless asked for with LAB_TERMINALS=1.
 LAB_TERMINALS ?= 0
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root $(if $(filter 1,$(LAB_TERMINALS)),,--ServerApp.terminals_enabled=False))
+# .jupyter/jupyter_server_config.py (first on JUPYTER_CONFIG_PATH): notebooks are saved in their committed form.
 lab: $(STAMP) ## JupyterLab on the repository (LAB_ARGS='--port 8890 --no-browser' …); as root: no terminal unless LAB_TERMINALS=1
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(LAB_ROOT) $(LAB_ARGS)
+	JUPYTER_CONFIG_PATH="$(CURDIR)/.jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+	  $(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(LAB_ROOT) $(LAB_ARGS)
+
+# The reading site: Sphinx + myst-nb over docs/site/ (the committed notebooks' stored outputs, never
+# re-executed; the README's findings and decision table as the index). SITE_REPO=https://github.com/OWNER/kvcost
+# adds Binder buttons. tests/test_site.py builds it and loads every page in Debian's chromium (Playwright).
+SITE      := build/site
+SITE_REPO ?=
+site: $(STAMP) ## the reading site from the committed notebooks (not re-executed): build/site/index.html
+	KVCOST_SITE_REPO=$(SITE_REPO) $(PY) -m sphinx -b html -q -W --keep-going docs/site $(SITE)
+	@echo "site: $(SITE)/index.html"
+
+# apt-get as root (or through sudo -n); where neither can, the browser checks skip, saying so.
+site-deps: ## Debian's chromium for the site's browser test, installed with apt-get when missing
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	  else echo "site-deps: NO BROWSER: chromium is missing and apt-get needs root; tests/test_site.py skips its browser checks" >&2; exit 0; fi; \
+	  command -v apt-get >/dev/null || { echo "site-deps: NO BROWSER: no apt-get to install chromium with; tests/test_site.py skips its browser checks" >&2; exit 0; }; \
+	  echo "site-deps: apt-get install chromium (for tests/test_site.py)"; \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+site-screenshot: site site-deps ## docs/site_screenshot.png, the README's picture of the site (taken once, committed)
+	$(PY) docs/site/screenshot.py $(SITE) docs/site_screenshot.png
 
 lint: $(STAMP) ## ruff (style) and import-linter (the layers in pyproject.toml)
 	$(VENV)/bin/ruff check lib tests scripts
