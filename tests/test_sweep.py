@@ -1,6 +1,7 @@
 """Sweeps: YAML files checked against the notebooks' schemas; resumable, atomic, local or on Dask."""
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -207,13 +208,18 @@ def test_cli_exit_codes_status_and_ctrl_c(toy):
     lines = [ln for ln in stderr.splitlines() if ln.strip() and "\r" not in ln and "it/s" not in ln
              and "run/s" not in ln and "s/run" not in ln]
     assert "Traceback" not in stderr and len(lines) == 1, stderr
-    assert lines[0].startswith("interrupted: ") and "resume with: python -m kvcost.sweep run" in lines[0]
+    assert lines[0].startswith("interrupted: ")
+    resume = shlex.split(lines[0].split("resume with: ", 1)[1])
+    # the interpreter that has kvcost, not a bare `python` (outside the venv there is none)
+    assert Path(resume[0]).resolve() == Path(sys.executable).resolve() and resume[1:4] == ["-m", "kvcost.sweep", "run"]
     finished_first = len(counter.read_text().split())
     status = subprocess.run([*cmd[:3], "status", str(path), "--out", str(out)], capture_output=True, text=True)
     assert status.returncode == 1 and "not run" in status.stdout
     done = subprocess.run([*cmd, "--no-progress"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "3 of 3 runs finished" in done.stdout
+    assert f"{finished_first} finished earlier, skipped (resuming)" in done.stdout.splitlines()[0]
+    assert f"{finished_first} finished earlier and skipped" in done.stdout
     assert len(counter.read_text().split()) <= finished_first + 3 - 1   # finished runs were skipped
     status = subprocess.run([*cmd[:3], "status", str(path), "--out", str(out)], capture_output=True, text=True)
     assert status.returncode == 0 and "3 finished, 0 failed, 0 not run" in status.stdout

@@ -47,21 +47,22 @@ def _is_int(value: Any) -> bool:
 
 
 def _range_text(lo: float | None, hi: float | None) -> str:
+    """The allowed range for a message, with its leading space ("" when any value is allowed)."""
     if lo is not None and hi is not None:
-        return f"between {lo} and {hi}"
+        return f" between {lo} and {hi}"
     if lo is not None:
-        return f">= {lo}"
+        return f" >= {lo}"
     if hi is not None:
-        return f"<= {hi}"
-    return "any value"
+        return f" <= {hi}"
+    return ""
 
 
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
     """Return ``value`` as an int, or raise ValueError naming ``name`` and the allowed range."""
     if not _is_int(value):
-        raise ValueError(f"parameter {name!r} must be an integer {_range_text(lo, hi)}, got {shorten(value)}")
+        raise ValueError(f"parameter {name!r} must be an integer{_range_text(lo, hi)}, got {shorten(value)}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ValueError(f"parameter {name!r} must be an integer {_range_text(lo, hi)}, got {shorten(value)}")
+        raise ValueError(f"parameter {name!r} must be an integer{_range_text(lo, hi)}, got {shorten(value)}")
     return int(value)
 
 
@@ -77,8 +78,8 @@ def check_float(name: str, value: Any, lo: float | None = None, hi: float | None
         if ok and hi is not None:
             ok = v <= hi
     if not ok:
-        rng = f"> {lo}" if (lo_open and hi is None) else _range_text(lo, hi)
-        raise ValueError(f"parameter {name!r} must be a finite number {rng}, got {shorten(value)}")
+        rng = f" > {lo}" if (lo_open and hi is None) else _range_text(lo, hi)
+        raise ValueError(f"parameter {name!r} must be a finite number{rng}, got {shorten(value)}")
     return float(value)
 
 
@@ -94,7 +95,7 @@ def check_int_list(name: str, value: Any, lo: int | None = None, hi: int | None 
                    min_len: int = 1) -> list[int]:
     """Return ``value`` as a list of ints, each within range; a list or tuple is required."""
     if not isinstance(value, (list, tuple)) or len(value) < min_len:
-        raise ValueError(f"parameter {name!r} must be a list of at least {min_len} integer(s) "
+        raise ValueError(f"parameter {name!r} must be a list of at least {min_len} integer(s)"
                          f"{_range_text(lo, hi)}, got {shorten(value)}")
     out = []
     for i, item in enumerate(value):
@@ -121,7 +122,7 @@ def check_pairs(name: str, value: Any, lo: int | None = None, hi: int | None = N
     """Return ``value`` (a list of 2-item lists of ints) as a list of int pairs."""
     if not isinstance(value, (list, tuple)) or not value or not all(
             isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
-        raise ValueError(f"parameter {name!r} must be a non-empty list of [k, v] integer pairs "
+        raise ValueError(f"parameter {name!r} must be a non-empty list of [k, v] integer pairs"
                          f"{_range_text(lo, hi)}, e.g. [[8, 8], [4, 4]]; got {shorten(value)}")
     return [(check_int(f"{name}[{i}][0]", k, lo, hi), check_int(f"{name}[{i}][1]", v, lo, hi))
             for i, (k, v) in enumerate(value)]
@@ -161,7 +162,7 @@ def _open_range_text(lo: float | None, hi: float | None, lo_open: bool) -> str:
     if lo is None and hi is None:
         return ""
     if lo_open and lo is not None:
-        return f"> {lo}" + (f" and <= {hi}" if hi is not None else "")
+        return f" > {lo}" + (f" and <= {hi}" if hi is not None else "")
     return _range_text(lo, hi)
 
 
@@ -180,7 +181,7 @@ class Int(_Param):
         return check_int(self.name, value, self.lo, self.hi)
 
     def allowed(self) -> str:
-        return f"integer {_range_text(self.lo, self.hi)}"
+        return f"integer{_range_text(self.lo, self.hi)}"
 
 
 class Float(_Param):
@@ -193,7 +194,7 @@ class Float(_Param):
         return check_float(self.name, value, self.lo, self.hi, lo_open=self.lo_open)
 
     def allowed(self) -> str:
-        return f"number {_open_range_text(self.lo, self.hi, self.lo_open)}".rstrip()
+        return f"number{_open_range_text(self.lo, self.hi, self.lo_open)}".rstrip()
 
 
 class Bool(_Param):
@@ -241,7 +242,7 @@ class IntList(_Param):
         return check_int_list(self.name, value, self.lo, self.hi, min_len=self.min_len)
 
     def allowed(self) -> str:
-        return f"list of integers {_range_text(self.lo, self.hi)}"
+        return f"list of integers{_range_text(self.lo, self.hi)}"
 
 
 class FloatList(_Param):
@@ -258,7 +259,7 @@ class FloatList(_Param):
                 for i, v in enumerate(value)]
 
     def allowed(self) -> str:
-        return f"list of numbers {_open_range_text(self.lo, self.hi, self.lo_open)}".rstrip()
+        return f"list of numbers{_open_range_text(self.lo, self.hi, self.lo_open)}".rstrip()
 
 
 class StrList(_Param):
@@ -286,7 +287,7 @@ class Pairs(_Param):
         return check_pairs(self.name, value, self.lo, self.hi)
 
     def allowed(self) -> str:
-        return f"list of [k, v] integer pairs {_range_text(self.lo, self.hi)}"
+        return f"list of [k, v] integer pairs{_range_text(self.lo, self.hi)}"
 
 
 class Custom(_Param):

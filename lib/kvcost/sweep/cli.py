@@ -90,10 +90,22 @@ def _status(sweep: Sweep, out: Path) -> int:
     return 0 if counts["finished"] == len(sweep.runs) else 1
 
 
+def _python() -> str:
+    """The interpreter running this, as a shell word that works from the current folder: kvcost is
+    installed in it (a bare ``python`` outside the venv has no kvcost)."""
+    exe = Path(sys.executable)
+    try:
+        shown = exe.relative_to(Path.cwd())
+    except ValueError:
+        shown = exe
+    return shlex.quote(str(shown) if shown.is_absolute() or str(shown).startswith(".") else f"./{shown}")
+
+
 def _report(sweep: Sweep, out: Path, outcome: Outcome, resume: str) -> int:
     where = _shown(out)
     if outcome.interrupted:
-        print(f"interrupted: {outcome.finished} of {outcome.total} runs finished ({outcome.finished_now} this time), "
+        print(f"interrupted: {outcome.finished} of {outcome.total} runs finished ({outcome.finished_now} this time, "
+              f"{outcome.finished_before} earlier), "
               f"results in {where}/; resume with: {resume}", file=sys.stderr)
         return 130
     for run, error in outcome.failed:
@@ -104,8 +116,9 @@ def _report(sweep: Sweep, out: Path, outcome: Outcome, resume: str) -> int:
               f"({', '.join(str(r.index) for r in outcome.failed_skipped)}); --retry-failed retries them",
               file=sys.stderr)
     tables = ", ".join(outcome.tables) or "none"
+    earlier = f", {outcome.finished_before} finished earlier and skipped" if outcome.finished_before else ""
     print(f"{sweep.name}: {outcome.finished} of {outcome.total} runs finished ({outcome.finished_now} now, "
-          f"in {duration(outcome.seconds)}); tables in {where}/: {tables}")
+          f"in {duration(outcome.seconds)}{earlier}); tables in {where}/: {tables}")
     return 0 if outcome.complete else 1
 
 
@@ -157,10 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--scheduler must be 'local' or a Dask scheduler address such as tcp://host:8786 or "
                              f"tls://host:8786, got {shorten(args.scheduler)}")
         jobs = args.jobs or ((os.cpu_count() or 1) if args.scheduler == "local" else 1)
-        print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.target} -> {_shown(out)}/", flush=True)
+        before = sum(state(out, run.key) == "finished" for run in sweep.runs)
+        resuming = f"; {before} finished earlier, skipped (resuming)" if before else ""
+        print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.target} -> {_shown(out)}/{resuming}", flush=True)
         outcome = run_sweep(sweep, out, jobs=jobs, scheduler=args.scheduler, retry_failed=args.retry_failed,
                             kernel=args.kernel, progress=not args.no_progress)
-        return _report(sweep, out, outcome, "python -m kvcost.sweep " + shlex.join(argv))
+        return _report(sweep, out, outcome, f"{_python()} -m kvcost.sweep " + shlex.join(argv))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
