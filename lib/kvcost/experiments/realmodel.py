@@ -27,6 +27,7 @@ import pandas as pd
 from .. import realkv, realmodel, stats
 from ..paths import data_path, repo_root
 from ..provenance import checked
+from ..storage.spec import CacheSpec, parse_spec
 
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
            "fast_vs_faithful_summary", "format_table", "head_summary", "layout_comparison", "live_slice",
@@ -165,7 +166,7 @@ def llamacpp_comparison(ours: pd.DataFrame, theirs: pd.DataFrame) -> pd.DataFram
             fl = float(kl_floor.reindex(w).mean()) if len(kl_floor) else math.nan
             measurable = fmt != "bf16" and not math.isnan(fl) and ours_kl >= KL_MEASURABLE * fl
             ratio = (their_kl - fl) / ours_kl if measurable else math.nan
-            hf = a[(a["context"] == c) & (a["format"] == fmt + realmodel.HF_LAYOUT) & a["window"].isin(w)]
+            hf = a[(a["context"] == c) & (a["format"] == realmodel.with_spec(fmt, k_order="hf")) & a["window"].isin(w)]
             ratio_hf = (their_kl - fl) / float(hf["kl"].mean()) if measurable and len(hf) == len(w) else math.nan
             rows.append({"context": c, "format": fmt, "windows": len(w), "ours_dppl": ma, "ours_lo": la,
                          "ours_hi": ha, "llamacpp_dppl": mb, "llamacpp_lo": lb, "llamacpp_hi": hb,
@@ -184,8 +185,9 @@ def layout_comparison(df: pd.DataFrame) -> pd.DataFrame:
     with one window), ``dppl_gguf``, ``dppl_hf``. Sorted by context, then ratio."""
     d = _per_window(df)
     rows = []
-    for (c, fmt), g in d[d["format"].str.endswith(realmodel.HF_LAYOUT)].groupby(["context", "format"]):
-        base = fmt[:-len(realmodel.HF_LAYOUT)]
+    in_hf = np.array([_spec(f).k_order == "hf" for f in d["format"]], dtype=bool)
+    for (c, fmt), g in d[in_hf].groupby(["context", "format"]):
+        base = realmodel.with_spec(fmt, k_order=None)
         hf = g.set_index("window")
         gg = d[(d["context"] == c) & (d["format"] == base)].set_index("window")
         w = sorted(set(hf.index) & set(gg.index))
@@ -224,7 +226,7 @@ def passkey_pivot(table: pd.DataFrame) -> pd.DataFrame:
     def rank(v: str) -> tuple:
         bits = frac_bits_of(v)
         group = (0 if v == "exact" else 1 if bits is not None else 3 if v.startswith("fa3full")
-                 else 2 if v.startswith("fa3") else 5 if v.endswith(realmodel.HF_LAYOUT) else 4)
+                 else 2 if v.startswith("fa3") else 5 if _in_hf_order(v) else 4)
         return group, -(bits or 0), v
 
     order = sorted(dict.fromkeys(table["variant"]), key=rank)
@@ -233,8 +235,17 @@ def passkey_pivot(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-#: Store variants are named ``store:<format>`` in the passkey grid (kvcost.experiments.realmodel_passkey).
-STORE_PREFIX = "store:"
+def _spec(fmt: str) -> CacheSpec:
+    return parse_spec(fmt, param="format")
+
+
+def _in_hf_order(variant: str) -> bool:
+    """A ``store:`` variant (or a format) whose K blocks are cut in transformers' channel order."""
+    fmt = realmodel.stored_format(variant) or variant
+    try:
+        return _spec(fmt).k_order == "hf"
+    except ValueError:
+        return False
 
 
 def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials: int = 20,
@@ -255,7 +266,8 @@ def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials
         return pd.DataFrame(columns=cols)
     exact = pk_rows[pk_rows["variant"] == "exact"].set_index(["context", "trial"])["success"]
     rows = []
-    for (c, v), g in pk_rows[pk_rows["variant"].str.startswith(STORE_PREFIX)].groupby(["context", "variant"]):
+    stored = np.array([realmodel.stored_format(v) is not None for v in pk_rows["variant"]], dtype=bool)
+    for (c, v), g in pk_rows[stored].groupby(["context", "variant"]):
         key = [(c, t) for t in g["trial"]]
         paired = [k in exact.index for k in key]
         if sum(paired) < min_trials:
@@ -263,7 +275,7 @@ def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials
         mine = g["success"].to_numpy()[paired].astype(bool)
         ref = exact.loc[[k for k, ok in zip(key, paired) if ok]].to_numpy().astype(bool)
         lost, gained = int((ref & ~mine).sum()), int((mine & ~ref).sum())
-        fmt = v[len(STORE_PREFIX):]
+        fmt = realmodel.stored_format(v)
         k, n = int(mine.sum()), len(mine)
         lo, hi = stats.wilson(k, n)
         measured = fmt_table[fmt_table["format"] == fmt].sort_values("context")
@@ -421,11 +433,11 @@ def live_slice(path: str | Path | None = None, formats: tuple[str, ...] = STORE_
     names = []
     for fmt in formats:
         realmodel.parse_format(fmt)
-        twin = fmt + realmodel.HADAMARD
+        twin = realmodel.with_spec(fmt, rotation="hadamard")
         for name in ([fmt, twin] if hadamard and twin in realmodel.STORAGE_FORMATS else [fmt]):
             names.append(name)
             if hf_layout and realmodel.layout_matters(name):
-                names.append(name + realmodel.HF_LAYOUT)
+                names.append(realmodel.with_spec(name, k_order="hf"))
     rows = []
     for name in names:
         kh, vh = (np.asarray(x, dtype=np.float64) for x in realmodel.store_kv(k, v, name))

@@ -31,7 +31,6 @@ import numpy as np
 
 from .. import realmodel
 from ..numerics import fa3
-from .realmodel import STORE_PREFIX
 
 __all__ = ["HAYSTACK", "KEYS", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention", "run_trial"]
 
@@ -96,8 +95,8 @@ def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
     and for ``fa3`` ``rows``: ``tail`` (question and answer, the default) or ``answer``)."""
     if name == "exact":
         return "exact", {}
-    if name.startswith(STORE_PREFIX):
-        fmt = name[len(STORE_PREFIX):]
+    fmt = realmodel.stored_format(name)
+    if fmt is not None:
         realmodel.parse_format(fmt)
         return "store", {"fmt": fmt}
     kind, _, opts = name.partition(":")
