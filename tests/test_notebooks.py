@@ -8,12 +8,14 @@ schema, compare with the post only where the post used the same parameters (neve
 import ast
 import json
 import re
+import subprocess
+import sys
 
 import papermill as pm
 import pytest
 
-from kvcost import notebook_params
-from kvcost.output import repo_root
+from kvcost import nbclean, notebook_params
+from kvcost.paths import repo_root
 
 NOTEBOOK_DIR = repo_root() / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]*_*.ipynb"))
@@ -142,12 +144,9 @@ def test_readme_indexes_every_notebook_with_an_existing_figure():
 
 
 def test_nbclean_strips_volatile_metadata_and_refuses_machine_paths(tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("nbclean", repo_root() / "scripts" / "nbclean.py")
-    nbclean = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nbclean)
     nb = {"metadata": {"papermill": {"start_time": "x"}, "language_info": {"name": "python", "version": "3.11.7"}},
-          "cells": [{"cell_type": "code", "metadata": {"papermill": {}, "execution": {"t": 1},
+          "cells": [{"cell_type": "code", "metadata": {"papermill": {}, "execution": {"t": 1}, "trusted": True,
+                                                       "scrolled": False, "jupyter": {},
                                                        "tags": ["injected-parameters"]},
                      "outputs": [], "execution_count": 1, "source": ""}],
           "nbformat": 4, "nbformat_minor": 5}
@@ -160,3 +159,11 @@ def test_nbclean_strips_volatile_metadata_and_refuses_machine_paths(tmp_path):
     nb["cells"][0]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "/work/main/x\n"}]
     path.write_text(json.dumps(nb))
     assert nbclean.main([str(path)]) == 1
+    # the script make notebooks runs; the kernel's display name as JupyterLab writes it; a fixed point
+    nb["cells"][0]["outputs"] = []
+    nb["metadata"]["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    path.write_text(json.dumps(nb))
+    assert subprocess.run([sys.executable, repo_root() / "scripts" / "nbclean.py", path]).returncode == 0
+    text = path.read_text()
+    assert json.loads(text)["metadata"]["kernelspec"]["display_name"] == "Python 3 (ipykernel)"
+    assert nbclean.dumps(nbclean.clean(json.loads(text))) == text
