@@ -231,3 +231,19 @@ def test_one_block_with_varied_p_is_the_units_chain(arch):
     for g0 in range(0, n, unit.k):
         acc = tensorcore.matmul(p[None, g0:g0 + unit.k], v[g0:g0 + unit.k], acc, arch=arch, instr=unit.instr)
     np.testing.assert_array_equal(out, (acc[0] * np.float32(1.0 / lsum)).astype(np.float64))
+
+
+def test_kernel_config_reads_the_kernels_facts_as_data():
+    kw, left = fa3.kernel_config("fa3_fp8_vllm", "decode", 64)
+    assert kw == {"arch": "Hopper", "block_n": 128, "max_offset": 8, "p_format": "e4m3"} and left == [
+        "split-KV (heuristic (num_splits_heuristic, hopper/heuristics.h; hopper/flash_api.cpp)): pass splits= yourself"]
+    kw, _ = fa3.kernel_config("fa3_fp8_vllm", "chunked prefill", 128, "pr122_interval4")
+    assert (kw["block_n"], kw["flush_every"]) == (192, 4)                  # 768 keys between flushes
+    kw, left = fa3.kernel_config("fa4_fp8", "decode", 128, "pr2109")
+    assert kw["arch"] == "Blackwell" and kw["max_offset"] == 8 and any("stale" in x for x in left)
+    assert fa3.kernel_config("fa4_fp8", "decode", 128, "pr2717")[0]["max_offset"] == 4
+    kw, left = fa3.kernel_config("ck_tile_fmha_fwd_fp8", "chunked prefill", 128)
+    assert kw["arch"] == "CDNA3" and "max_offset" not in kw and any("P's scale" in x for x in left)
+    assert fa3.tile_sizes(64) == {"decode": 128, "prefill_before_fix": 160, "prefill_two_level": 128}
+    with pytest.raises(ValueError, match="no row"):
+        fa3.kernel_config("fa3_fp8_vllm", "decode", 96)
