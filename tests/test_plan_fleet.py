@@ -18,10 +18,39 @@ from kvcost.units import GIB
 H100 = gpus.gpu("H100")
 
 
-@pytest.mark.parametrize("name", ["Llama-3.1-8B", "Llama-2-7B", "Mistral-7B-v0.1", "Qwen3-8B", "gpt-oss-20b"])
+@pytest.mark.parametrize("name", [n for n in models.list_models() if models.model_record(n).get("parameters")])
 def test_parameter_counts_reproduce_the_cited_totals(name):
     rec = models.model_record(name)
     assert parameter_counts(rec["config"])["total"] == rec["parameters"]["total"]
+
+
+@pytest.mark.parametrize("name, total, printed", [
+    ("DeepSeek-V3", 671_026_419_200, "671B"), ("DeepSeek-V2-Lite", 15_706_484_224, "15.7B"),
+    ("Mixtral-8x7B-v0.1", 46_702_792_704, "46.7B"), ("Qwen3-30B-A3B", 30_532_122_624, "30.5B"),
+    ("Qwen2.5-7B-Instruct", 7_615_616_512, "7.61B"), ("Jamba-v0.1", 51_570_323_328, "51.57B"),
+    ("Gemma-3-27B", 27_432_406_640, "27.4B"), ("Phi-3-mini-4k-instruct", 3_821_079_552, "3.8B")])
+def test_counted_totals_agree_with_the_published_figures(name, total, printed):
+    rec = models.model_record(name)
+    assert rec["parameters"]["total"] == total and printed in rec["parameters"]["source"]
+    decimals = len(printed.rstrip("B").partition(".")[2])
+    # within one unit of the last printed digit (cards round, 30.53 -> 30.5, or cut, 7.616 -> 7.61)
+    assert abs(total / 1e9 - float(printed.rstrip("B"))) < 10.0 ** -decimals
+
+
+def test_gemma2_non_embedding_count_is_the_reports():
+    c = parameter_counts(models.model_record("Gemma-2-9B")["config"])
+    assert c["total"] - c["embedding"] == 8_324_201_984 and c["embedding"] == 256_000 * 3584   # tied
+
+
+def test_every_record_says_what_it_answers():
+    rows = {n: models.answers(n) for n in models.list_models()}
+    lacking = sorted(n for n, a in rows.items() if not a["weights"])
+    assert lacking == ["Nemotron-3-Nano-30B-A3B", "Nemotron-H-8B", "Qwen3-Next-80B-A3B"]
+    assert all("--params N" in rows[n]["answers"] and "does not count" in rows[n]["answers"] for n in lacking)
+    assert "linear layers in fp8_e4m3" in rows["DeepSeek-V3"]["answers"]
+    v3 = weights.model_weights("DeepSeek-V3")
+    assert v3.bytes == -(-669_065_734_144 * 8.001953125 // 8) + (671_026_419_200 - 669_065_734_144) * 2
+    assert (v3.num_experts, v3.experts_per_token) == (256, 8) and v3.expert_bytes > 0.97 * v3.bytes
 
 
 def test_gpt_oss_weights_split_by_what_is_quantized():
@@ -44,10 +73,10 @@ def test_weights_from_flags_index_and_config(tmp_path):
     cfg = dict(models.model_record("Llama-3.1-8B")["config"], torch_dtype="bfloat16")
     assert weights.model_weights(cfg=cfg).bytes == 2 * 8_030_261_248
     with pytest.raises(ValueError, match="--params N"):
-        weights.model_weights("DeepSeek-V3")
+        weights.model_weights("Qwen3-Next-80B-A3B")
     with pytest.raises(ValueError, match="--weights-dtype"):
         weights.model_weights(params=10, weights_dtype="int3")
-    assert models.answers("DeepSeek-V3")["weights"] is False and models.answers("Qwen3-32B")["weights"] is True
+    assert models.answers("Qwen3-Next-80B-A3B")["weights"] is False and models.answers("Qwen3-32B")["weights"] is True
 
 
 def test_gpu_catalogue_aliases_bandwidth_and_native_formats():

@@ -431,7 +431,8 @@ def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike[str], name: str | 
 
 #: Model types whose weights :func:`parameter_counts` can count from the config alone: decoder-only
 #: transformers with RMSNorm, SwiGLU MLPs (or MoE experts of them) and untied or tied embeddings.
-PARAM_COUNT_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss")
+PARAM_COUNT_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss", "gemma2",
+                     "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "falcon", "jamba")
 
 
 def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, int]:
@@ -441,9 +442,20 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
     ``attention`` (Q, K, V, O projections with their biases, Qwen3's q/k norms, gpt-oss's sinks),
     ``dense_mlp`` (SwiGLU gate/up/down of dense layers), ``experts`` (the routed experts' weight
     matrices: what MoE checkpoints such as gpt-oss quantize), ``router`` (routers and expert biases),
-    ``norms``, and ``total``. Supported ``model_type``: :data:`PARAM_COUNT_TYPES`; another type, or a
-    missing ``vocab_size`` / ``intermediate_size``, raises ValueError naming it (give the count with
-    ``--params`` or the bytes with ``--weights-gib`` instead).
+    ``norms``, and ``total``. Supported ``model_type``: :data:`PARAM_COUNT_TYPES` (Phi-3 fuses QKV and
+    gate/up into one matrix each, the same counts; Gemma-2 has four RMSNorms a layer and ties its
+    embeddings by default; DeepSeek-V2/V3 count MLA's projections — q, or q_a/q_b with q_lora_rank, the
+    kv_a projection to the latent and the decoupled RoPE key, its norm, kv_b, o — the first
+    ``first_k_dense_replace`` layers dense, the others ``n_routed_experts`` routed plus ``n_shared_experts``
+    shared experts, V3's router bias; the multi-token-prediction module of ``num_nextn_predict_layers`` is
+    not part of the served model and is not counted; Gemma-3 adds q/k norms and, for the multimodal
+    checkpoint, its SigLIP vision tower and projector under ``vision``; Falcon counts its fused QKV
+    (multi-query or grouped), a 4 x hidden MLP and LayerNorms with biases, embeddings tied; Jamba counts
+    its Mamba layers — in/out projections, the causal conv, x/dt projections, A and D, the inner norms —
+    between attention layers every ``attn_layer_period``, experts every ``expert_layer_period``);
+    another type, or a missing ``vocab_size`` /
+    ``intermediate_size``, raises ValueError naming it (give the count with ``--params`` or the bytes with
+    ``--weights-gib`` instead).
     """
     raw = load_config(cfg)
     text, prefix = _text_part(raw)
@@ -457,10 +469,18 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
     kv, _ = _kv_heads(text, heads, prefix)
     hd = _head_dim(text, heads, prefix)
     vocab = _req_int(text, ["vocab_size"], prefix)
-    inter = _req_int(text, ["intermediate_size"], prefix)
+    inter = (_opt_int(text, ["intermediate_size"], prefix) or 0) if model_type == "falcon" else \
+        _req_int(text, ["intermediate_size"], prefix)          # Falcon: ffn_hidden_size, default 4 x hidden
     n_exp = _opt_int(text, ["num_local_experts", "num_experts"], prefix) or 0
     moe_inter = _opt_int(text, ["moe_intermediate_size"], prefix) or inter
-    tied = bool(text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False)))
+    gemma = model_type in ("gemma2", "gemma3", "gemma3_text")
+    tied = bool(text.get("tie_word_embeddings", raw.get("tie_word_embeddings", gemma or model_type == "falcon")))
+    if model_type.startswith("deepseek"):
+        return _deepseek_counts(text, prefix, layers, hidden, heads, vocab, inter, tied)
+    if model_type == "falcon":
+        return _falcon_counts(text, prefix, layers, hidden, heads, kv, hd, vocab, tied)
+    if model_type == "jamba":
+        return _jamba_counts(text, prefix, layers, hidden, heads, kv, hd, vocab, inter, tied)
     gpt_oss = model_type == "gpt_oss"
     qkv_bias = gpt_oss or model_type == "qwen2" or bool(text.get("attention_bias"))
     q, k = heads * hd, kv * hd
@@ -469,7 +489,7 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
         attn += q + 2 * k
     if gpt_oss:
         attn += hidden + heads                      # o_proj bias and one learned sink per head
-    if model_type in ("qwen3", "qwen3_moe"):
+    if model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"):
         attn += 2 * hd                              # q_norm and k_norm
     experts = router = dense = 0
     if n_exp:
@@ -479,8 +499,101 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
             router += n_exp + n_exp * (2 * moe_inter + hidden)     # router bias, expert biases
     else:
         dense = 3 * hidden * inter
-    norms = layers * 2 * hidden + hidden
+    norms = layers * (4 if gemma else 2) * hidden + hidden
     out = {"embedding": vocab * hidden * (1 if tied else 2), "attention": layers * attn,
            "dense_mlp": layers * dense, "experts": layers * experts, "router": layers * router, "norms": norms}
+    vision = raw.get("vision_config") if isinstance(raw.get("vision_config"), dict) else None
+    if gemma and vision is not None:
+        out["vision"] = _siglip_counts(vision, hidden)
     out["total"] = sum(out.values())
     return out
+
+
+def _deepseek_counts(text: Mapping[str, Any], prefix: str, layers: int, hidden: int, heads: int, vocab: int,
+                     inter: int, tied: bool) -> dict[str, int]:
+    """DeepSeek-V2/V3 (MLA attention, DeepSeekMoE): see :func:`parameter_counts`."""
+    kv_lora = _req_int(text, ["kv_lora_rank"], prefix)
+    q_lora = _opt_int(text, ["q_lora_rank"], prefix)
+    nope = _req_int(text, ["qk_nope_head_dim"], prefix)
+    rope = _req_int(text, ["qk_rope_head_dim"], prefix)
+    v_dim = _req_int(text, ["v_head_dim"], prefix)
+    moe_inter = _req_int(text, ["moe_intermediate_size"], prefix)
+    n_routed = _req_int(text, ["n_routed_experts"], prefix)
+    n_shared = _opt_int(text, ["n_shared_experts"], prefix) or 0
+    dense_layers = _opt_int(text, ["first_k_dense_replace"], prefix) or 0
+    q_dim = heads * (nope + rope)
+    q = hidden * q_dim if q_lora is None else hidden * q_lora + q_lora + q_lora * q_dim   # q_a, its norm, q_b
+    attn = q + hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim) + heads * v_dim * hidden
+    moe_layers = layers - dense_layers
+    v3 = str(text.get("model_type")) == "deepseek_v3" or text.get("topk_method") == "noaux_tc"
+    out = {"embedding": vocab * hidden * (1 if tied else 2), "attention": layers * attn,
+           "dense_mlp": dense_layers * 3 * hidden * inter + moe_layers * n_shared * 3 * hidden * moe_inter,
+           "experts": moe_layers * n_routed * 3 * hidden * moe_inter,
+           "router": moe_layers * (hidden * n_routed + (n_routed if v3 else 0)),
+           "norms": layers * 2 * hidden + hidden}
+    out["total"] = sum(out.values())
+    return out
+
+
+def _falcon_counts(text: Mapping[str, Any], prefix: str, layers: int, hidden: int, heads: int, kv: int, hd: int,
+                   vocab: int, tied: bool) -> dict[str, int]:
+    """Falcon: fused QKV (one or grouped KV heads), dense out, a GELU MLP, LayerNorms with biases."""
+    bias = bool(text.get("bias", False))
+    ffn = _opt_int(text, ["ffn_hidden_size"], prefix) or 4 * hidden
+    qkv = hidden * (heads + 2 * kv) * hd + ((heads + 2 * kv) * hd if bias else 0)
+    attn = qkv + hidden * hidden + (hidden if bias else 0)
+    mlp = 2 * hidden * ffn + ((ffn + hidden) if bias else 0)
+    new = bool(text.get("new_decoder_architecture", False))
+    parallel = bool(text.get("parallel_attn", True))
+    lns = 2 if new or not parallel else 1           # ln_attn + ln_mlp, or input (+ post-attention) LayerNorm
+    out = {"embedding": vocab * hidden * (1 if tied else 2), "attention": layers * attn,
+           "dense_mlp": layers * mlp, "experts": 0, "router": 0, "norms": layers * lns * 2 * hidden + 2 * hidden}
+    out["total"] = sum(out.values())
+    return out
+
+
+def _jamba_counts(text: Mapping[str, Any], prefix: str, layers: int, hidden: int, heads: int, kv: int, hd: int,
+                  vocab: int, inter: int, tied: bool) -> dict[str, int]:
+    """Jamba: Mamba layers with attention every ``attn_layer_period``, MoE MLPs every ``expert_layer_period``."""
+    d_state = _req_int(text, ["mamba_d_state"], prefix)
+    d_conv = _req_int(text, ["mamba_d_conv"], prefix)
+    d_inner = _req_int(text, ["mamba_expand"], prefix) * hidden
+    dt_rank = _req_int(text, ["mamba_dt_rank"], prefix)
+    conv_bias = bool(text.get("mamba_conv_bias", True))
+    proj_bias = bool(text.get("mamba_proj_bias", False))
+    inner_norms = bool(text.get("mamba_inner_layernorms", True))
+    mamba = (hidden * 2 * d_inner + (2 * d_inner if proj_bias else 0)          # in_proj
+             + d_inner * d_conv + (d_inner if conv_bias else 0)                # conv1d
+             + d_inner * (dt_rank + 2 * d_state)                               # x_proj
+             + dt_rank * d_inner + d_inner                                     # dt_proj with its bias
+             + d_inner * d_state + d_inner                                     # A_log, D
+             + d_inner * hidden + (hidden if proj_bias else 0)                 # out_proj
+             + ((dt_rank + 2 * d_state) if inner_norms else 0))
+    attn = hidden * heads * hd + 2 * hidden * kv * hd + heads * hd * hidden
+    period, offset = _req_int(text, ["attn_layer_period"], prefix), _opt_int(text, ["attn_layer_offset"], prefix) or 0
+    e_period = _req_int(text, ["expert_layer_period"], prefix)
+    e_offset = _opt_int(text, ["expert_layer_offset"], prefix) or 0
+    n_exp = _req_int(text, ["num_experts"], prefix)
+    n_attn = sum(1 for i in range(layers) if i % period == offset)
+    n_moe = sum(1 for i in range(layers) if i % e_period == e_offset)
+    mlp = 3 * hidden * inter
+    out = {"embedding": vocab * hidden * (1 if tied else 2), "attention": n_attn * attn,
+           "mamba": (layers - n_attn) * mamba, "dense_mlp": (layers - n_moe) * mlp, "experts": n_moe * n_exp * mlp,
+           "router": n_moe * hidden * n_exp, "norms": layers * 2 * hidden + hidden}
+    out["total"] = sum(out.values())
+    return out
+
+
+def _siglip_counts(vision: Mapping[str, Any], text_hidden: int) -> int:
+    """A SigLIP vision tower (patch and position embeddings, encoder layers with biases, post-LayerNorm) and
+    Gemma-3's projector into the text model (one matrix and an RMSNorm)."""
+    prefix = "vision_config."
+    h = _req_int(vision, ["hidden_size"], prefix)
+    n = _req_int(vision, ["num_hidden_layers"], prefix)
+    ff = _req_int(vision, ["intermediate_size"], prefix)
+    patch = _req_int(vision, ["patch_size"], prefix)
+    image = _req_int(vision, ["image_size"], prefix)
+    channels = _opt_int(vision, ["num_channels"], prefix) or 3
+    layer = 4 * (h * h + h) + (h * ff + ff) + (ff * h + h) + 2 * 2 * h
+    embed = channels * patch * patch * h + h + (image // patch) ** 2 * h
+    return n * layer + embed + 2 * h + h * text_hidden + h

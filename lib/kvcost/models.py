@@ -155,15 +155,22 @@ def answers(name: str) -> dict[str, Any]:
     p = rec.get("parameters")
     cited = isinstance(p, dict) and isinstance(p.get("total"), int)
     try:
-        counted = parameter_counts(rec["config"])["total"]
-    except ValueError:
-        counted = None
+        counted: int | None = parameter_counts(rec["config"])["total"]
+        why_not = ""
+    except ValueError as err:
+        kind = rec["config"].get("model_type")
+        counted, why_not = None, (f"kvcost does not count {kind} weights from a config" if "model_type" in str(err)
+                                  else str(err))
     q = p.get("quantized") if cited and isinstance(p.get("quantized"), dict) else None
     if cited:
-        weights = f"weights from {p['total']:,} parameters ({p.get('dtype', 'bf16')}" + (
+        how = "counted from the config" if counted == p["total"] else "as cited"
+        weights = f"weights from {p['total']:,} parameters, {how} ({p.get('dtype', 'bf16')}" + (
             f", {q['part']} in {q['dtype']})" if q else ")")
+        if isinstance(p.get("experts"), int) or (q and q["part"] == "experts"):
+            weights += "; decode reads only the experts a step reaches"
     else:
-        weights = "KV cache only: no cited parameter count (plan --gpu needs --params N or --weights-gib X)"
+        weights = (f"KV cache only: no cited parameter count ({why_not or 'the record has none'}); plan --gpu needs "
+                   f"--params N, --weights-gib X or --weights-index FILE")
     return {"name": rec["name"], "hf_repo": rec.get("hf_repo"), "kv_cache": True, "weights": cited,
             "parameters": p["total"] if cited else None, "counted_from_config": counted,
             "quantized_part": q["part"] if q else None, "answers": f"KV cache; {weights}" if cited else weights}
