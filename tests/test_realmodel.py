@@ -13,7 +13,7 @@ from kvcost import quant, realmodel, stats
 from kvcost.claims import realmodel as claims
 from kvcost.experiments import realmodel as real
 from kvcost.experiments import realmodel_passkey as pk
-from kvcost.output import repo_root
+from kvcost.paths import repo_root
 
 RNG = np.random.default_rng(3)
 
@@ -628,3 +628,11 @@ def test_committed_passkey_storage_reading():
     assert not t[t["format"].isin(["q8_0", "q8_0@hf", "bf16", "fp8_e4m3", "fp8_e4m3_token", "q8_0/q4_0",
                                    "q5_1"])]["loses_needle"].any()
     assert set(t.loc[t["context"] == 8192, "format"]) >= {"fp8_e4m3_token", "q8_0/q4_0", "kivi4", "q5_0"}
+
+
+def test_gemma_bench_row_is_skipped_without_the_model(monkeypatch):
+    from kvcost import bench
+
+    assert bench.bench_gemma_banded in bench.BENCHMARKS
+    monkeypatch.setattr(realmodel, "available", lambda model="smollm2-135m": False)
+    assert bench.bench_gemma_banded() == [] and bench.bench_real_model() == []
