@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a checkout without `make setup`
 
 from kvcost import formats, provenance, realmodel
-from kvcost.output import repo_root
+from kvcost.paths import repo_root
 from kvcost.script_args import checked, int_at_least
 from kvcost.storage import parse_spec
 from kvcost.storage.spec import llamacpp_rotation

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a check
 
 from kvcost import provenance, realmodel
 from kvcost.experiments import realmodel_passkey as pk
-from kvcost.output import repo_root
+from kvcost.paths import repo_root
 from kvcost.script_args import checked, int_at_least
 
 ROOT = repo_root()

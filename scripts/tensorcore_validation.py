@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a check
 
 from kvcost import provenance
 from kvcost.numerics import instructions, oracle
-from kvcost.output import repo_root
+from kvcost.paths import repo_root
 from kvcost.script_args import int_at_least
 
 #: The stable units docs/api.md lists; tests/test_units.py samples more on every run.

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvcost import output, realkv
+from kvcost import paths, realkv
 from kvcost.claims import beyond_flat
 from kvcost.claims import longrange as claims
 from kvcost.experiments import longrange as lr
@@ -136,7 +136,7 @@ def test_committed_needle_checks_sha256_and_parameters(tmp_path):
     assert prov["parameters"]["trials"] * 3 * 5 == len(df) and (df["n_tokens"] == 131072).all()
     assert lr.committed_needle({**expect, "heads": 2}) is None
     for name in ("needle.csv", "provenance.json"):
-        (tmp_path / name).write_bytes((output.repo_root() / lr.NEEDLE_DIR / name).read_bytes())
+        (tmp_path / name).write_bytes((paths.repo_root() / lr.NEEDLE_DIR / name).read_bytes())
     with open(tmp_path / "needle.csv", "a") as fh:
         fh.write("tampered\n")
     with pytest.raises(ValueError, match="sha256"):

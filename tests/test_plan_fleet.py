@@ -12,7 +12,7 @@ from kvcost import cli, decode, evidence, fleet, gpus, llamacpp, models, vllm, w
 from kvcost.claims import plan as plan_claims
 from kvcost.experiments import plan as plan_exp
 from kvcost.hfconfig import parameter_counts
-from kvcost.output import repo_root
+from kvcost.paths import repo_root
 from kvcost.units import GIB
 
 H100 = gpus.gpu("H100")

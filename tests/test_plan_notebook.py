@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import papermill as pm
 
-from kvcost.output import repo_root
+from kvcost.paths import repo_root
 
 NOTEBOOK = repo_root() / "notebooks" / "09_plan.ipynb"
 

@@ -11,7 +11,7 @@ from hypothesis.extra import numpy as hnp
 
 from kvcost import attention, ggml, quant, synthetic
 from kvcost.experiments import axis
-from kvcost.output import repo_root
+from kvcost.paths import repo_root
 
 
 def post_quant(x, bits, axis):

@@ -13,7 +13,7 @@ import pytest
 from kvcost import post, realkv, synthetic
 from kvcost.claims import realkv as realkv_claims
 from kvcost.experiments import realkv as realkv_exp
-from kvcost.output import repo_root
+from kvcost.paths import repo_root
 
 
 def _channel_cache() -> np.ndarray:
@@ -225,7 +225,7 @@ def test_library_does_not_import_torch():
 
 def test_write_npz_rewrites_the_committed_extracts_byte_for_byte(tmp_path):
     from kvcost import provenance, realkv
-    from kvcost.output import repo_root
+    from kvcost.paths import repo_root
 
     for rel in ("data/real_kv/minilm_l6_kv.npz", "data/real_model/smollm2_kv.npz"):
         src = repo_root() / rel

@@ -12,9 +12,9 @@ import psutil
 import pytest
 
 import sweep_toys
-from kvcost import output, run, runner
+from kvcost import paths, run, runner
 
-ROOT = output.repo_root()
+ROOT = paths.repo_root()
 
 
 @pytest.mark.parametrize("text, value", [

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sweep_toys
-from kvcost import cli, output, provenance, run, runner, sweep
+from kvcost import cli, paths, provenance, run, runner, sweep
 from kvcost.sweep import cli as sweep_cli
 from kvcost.sweep import store
 
-ROOT = output.repo_root()
+ROOT = paths.repo_root()
 PASSKEY = ROOT / "data" / "real_model" / "passkey.csv"
 
 

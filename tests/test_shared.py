@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from kvcost import output, params, plotting, post
+from kvcost import output, params, paths, plotting, post
 
 
 @pytest.mark.parametrize("call,msg", [
@@ -35,7 +35,7 @@ def test_checks_return_clean_values():
 def test_out_dir_is_relative_to_repo_root(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = output.resolve_out_dir("", "99_test")
-    assert path == output.repo_root() / "results" / "99_test"
+    assert path == paths.repo_root() / "results" / "99_test"
     assert output.resolve_out_dir(str(tmp_path / "abs"), "x") == tmp_path / "abs"
     with pytest.raises(ValueError, match="out_dir"):
         output.resolve_out_dir(3, "x")

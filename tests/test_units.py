@@ -15,7 +15,7 @@ import pytest
 
 from kvcost import instructions, tensorcore
 from kvcost.numerics import oracle
-from kvcost.output import repo_root
+from kvcost.paths import repo_root
 from kvcost.provenance import checked
 
 #: The units docs/api.md lists as stable: the long validation covers each.

@@ -4,12 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .paths import repo_root  # defined in kvcost.paths; importable from here while modules move to it
+from .paths import repo_root
 
 if TYPE_CHECKING:   # pandas only for the annotation: the CLI imports this module and stays light
     import pandas as pd
 
-__all__ = ["repo_root", "resolve_out_dir", "write_table", "FIGURE_DIR", "FIGURE_DIR_ENV"]
+__all__ = ["resolve_out_dir", "write_table", "FIGURE_DIR", "FIGURE_DIR_ENV"]
 
 FIGURE_DIR = "figures"                 # the committed figures, written only by default runs
 FIGURE_DIR_ENV = "KVCOST_FIGURE_DIR"   # set by the runner and sweeps: where a run's figures go

@@ -41,7 +41,7 @@ import pandas as pd
 
 from .. import realkv, stats
 from ..numerics import fa3, tensorcore
-from ..output import repo_root
+from ..paths import repo_root
 from ..provenance import checked
 
 __all__ = [
