@@ -167,6 +167,12 @@ def test_internal_links_and_images_resolve_and_no_machine_paths(site):
                 assert s.fragment in parse(target).ids, (path.relative_to(site), ref)
 
 
+def test_readme_shows_the_site():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "](docs/site_screenshot.png)" in readme and "`make site`" in readme
+    assert (ROOT / "docs" / "site_screenshot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # --- the site, read in a browser --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

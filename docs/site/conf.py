@@ -37,7 +37,7 @@ html_css_files = ["kvcost.css"]
 # The notebooks' stored outputs are the results: the site shows them as committed.
 nb_execution_mode = "off"
 nb_merge_streams = True
-myst_enable_extensions = ["attrs_inline", "colon_fence"]
+myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
 
 autodoc_member_order = "bysource"
@@ -89,7 +89,7 @@ def readme_sections() -> dict[str, str]:
 
 def _site_paths(md: str) -> str:
     """README paths are relative to the repository root; the index lives in docs/site/."""
-    md = re.sub(r'<img src="figures/([^"]+)" width="(\d+)">', r"![\1](../../figures/\1){w=\2px}", md)
+    md = re.sub(r'<img src="figures/([^"]+)"[^>]*>', r"![\1](../../figures/\1)", md)  # sized by kvcost.css
     # A notebook's page, by its document name (a Markdown link would be resolved through docs/site/notebooks,
     # the link to notebooks/, to a file outside the site).
     md = re.sub(r"\[([^\]]*)\]\(notebooks/([^)]+)\.ipynb\)",
@@ -122,49 +122,48 @@ def contract_sections() -> dict[str, str]:
 
 def run_box(stem: str) -> str:
     path = f"notebooks/{stem}.ipynb"
-    lines = [
+    ways = [f"**JupyterLab**: `make lab` in a checkout, then open [`{path}`]({LAB}/{path})"]
+    if REPO:
+        owner_repo = REPO.removeprefix("https://github.com/")
+        ways.append(f"**Binder**: [launch it]({BINDER}/v2/gh/{owner_repo}/{BRANCH}?urlpath=lab/tree/{path})")
+    ways.append(f"**other parameters**: `make run NB={stem} ARGS='-p NAME VALUE'`")
+    return "\n".join([
         ":::{admonition} Run this notebook",
         ":class: tip run-this-notebook",
         "",
-        f"- **JupyterLab**: `make lab` in a checkout, then open [`{path}`]({LAB}/{path}) "
-        "(with the token the server prints).",
-    ]
-    if REPO:
-        owner_repo = REPO.removeprefix("https://github.com/")
-        lines.append(f"- **Binder**: [launch `{path}` on Binder]"
-                     f"({BINDER}/v2/gh/{owner_repo}/{BRANCH}?urlpath=lab/tree/{path}).")
-    lines += [
-        f"- **Other parameters**: `make run NB={stem} ARGS='-p NAME VALUE'` (results in `results/runs/{stem}/`; "
-        "the parameters are below, every one checked before the kernel starts).",
-        "- What is shown here are the committed outputs, computed with the default parameters.",
+        " · ".join(ways) + ".",
+        "The outputs below are the committed ones, computed with the default parameters; the parameters "
+        "and the tables it writes are in the fold below.",
         ":::",
-    ]
-    return "\n".join(lines)
+    ])
 
 
 def params_box(stem: str, body: str) -> str:
+    """The notebook's section of docs/notebooks.md, folded (a <details> block: its text is in the page)."""
     return "\n".join([
-        f"::::{{admonition}} Parameters and tables of `{stem}`",
-        ":class: note notebook-contract",
+        f'<details class="notebook-contract"><summary>Parameters and tables of <code>{stem}</code></summary>',
         "",
         body,
         "",
-        "From [the notebook contract](/contract.md) (docs/notebooks.md).",
-        "::::",
+        "From [the notebook contract](/contract.md) (docs/notebooks.md): every parameter is checked before "
+        f"the kernel starts; `make run` writes to `results/runs/{stem}/`.",
+        "",
+        "</details>",
     ])
 
 
 def expand_notebook(stem: str, source: str) -> str:
-    """The notebook as stored, with a run box and its contract after the title cell."""
+    """The notebook as stored, with a run box and its contract under the title (the first cell's heading)."""
     nb = json.loads(source)
     contract = contract_sections()
     if stem not in contract:
         raise ValueError(f"docs/notebooks.md has no section '### {stem} — …' for notebooks/{stem}.ipynb")
-    text = run_box(stem) + "\n\n" + params_box(stem, contract[stem])
-    cell = {"cell_type": "markdown", "metadata": {}, "source": text}
-    if "id" in nb["cells"][0]:  # nbformat 4.5 cells carry ids
-        cell["id"] = "kvcost-site-run"
-    nb["cells"].insert(1, cell)
+    first = nb["cells"][0]
+    text = "".join(first["source"]) if isinstance(first["source"], list) else first["source"]
+    title, _, rest = text.partition("\n")
+    if first["cell_type"] != "markdown" or not title.startswith("# "):
+        raise ValueError(f"notebooks/{stem}.ipynb: the first cell is not the '# NN · Title' heading (CONTRIBUTING.md)")
+    first["source"] = "\n\n".join([title, run_box(stem), params_box(stem, contract[stem]), rest])
     return json.dumps(nb)
 
 

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("site", type=Path, help="the built site (build/site)")
     ap.add_argument("out", type=Path, help="the PNG to write")
     ap.add_argument("--page", default="notebooks/06_long_range_needle.html", help="the page, from the site's root")
-    ap.add_argument("--anchor", default="run-this-notebook", help="an element's class to scroll to the top")
+    ap.add_argument("--anchor", default="", help="an element's class to scroll to the top (default: the page's top)")
     args = ap.parse_args(argv)
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if not exe:
