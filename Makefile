@@ -133,7 +133,7 @@ site-screenshot: site site-deps ## docs/site_screenshot.png, the README's pictur
 	$(PY) docs/site/screenshot.py $(SITE) docs/site_screenshot.png
 
 lint: $(STAMP) ## ruff (style) and import-linter (the layers in pyproject.toml)
-	$(VENV)/bin/ruff check lib tests scripts
+	$(VENV)/bin/ruff check lib tests scripts docs/site
 	$(VENV)/bin/lint-imports
 
 clean: ## remove build/, results/ and caches (keeps .venv)
