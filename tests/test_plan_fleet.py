@@ -171,7 +171,13 @@ def test_accuracy_says_what_it_rests_on():
     assert [e["basis"] for e in ev] == ["synthetic", "real decoder"]
     assert "SmolLM2-135M-Instruct" in text and "passkey 5/20 = 25%" in text and "Llama" not in text
     fp8 = evidence.accuracy_evidence("fp8_e4m3", 8192, H100, "vllm", None, evidence.default_passkey_csv())[1]
-    assert [e["variant"] for e in fp8] == ["store:fp8_e4m3", "fa3"]           # FA3's FP8 attention on Hopper
+    # FA3's FP8 attention on Hopper: the grid's emulation, and the same kernel on the MMA-Sim-exact unit
+    assert [(e["variant"], e["table"]) for e in fp8] == [("store:fp8_e4m3", "passkey.csv"), ("fa3", "passkey.csv"),
+                                                         ("fa3", "passkey_unit.csv")]
+    assert (fp8[2]["successes"], fp8[2]["trials"], fp8[2]["context"]) == (20, 20, 2048)
+    skip = evidence.accuracy_evidence("fp8_e4m3;skip=sliding_window", 8192, H100, "vllm", None,
+                                      evidence.default_passkey_csv())[0]
+    assert skip.endswith("this spec keeps sliding_window layers in bf16")
     none = evidence.accuracy_evidence("int4_g32", 8192, H100, "vllm", evidence.default_accuracy_csv(),
                                    evidence.default_passkey_csv())
     assert none == ("no evidence for int4_g32/int4_g32 (no synthetic needle, no real-decoder passkey)", ())

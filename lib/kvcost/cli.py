@@ -32,7 +32,8 @@ __all__ = ["build_parser", "format_plan", "main", "parse_tokens"]
 
 _SUFFIX = {"": 1, "k": 1024, "m": 1024 ** 2}
 _FLAG_OF = {"context": "--context", "dtype": "--dtype", "v_dtype": "--v-dtype", "budget_gib": "--budget-gib",
-            "request_tokens": "--request-tokens", "state_dtype": "--state-dtype", "requests": "--requests"}
+            "request_tokens": "--request-tokens", "state_dtype": "--state-dtype", "requests": "--requests",
+            "dtypes": "--dtypes"}
 
 
 def parse_tokens(text: str) -> int:
@@ -90,6 +91,14 @@ def _fraction(text: str) -> float:
     if not 0 < x <= 1:
         raise argparse.ArgumentTypeError(f"must be a fraction above 0 and at most 1 (as vLLM requires), "
                                          f"got {shorten(text)}")
+    return x
+
+
+def _share(text: str) -> float:
+    """The decode estimate's ``--efficiency``: the share of the memory bandwidth reached, above 0, at most 1."""
+    x = _number(text)
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"must be a share of the bandwidth above 0 and at most 1, got {shorten(text)}")
     return x
 
 
@@ -312,7 +321,7 @@ def _fleet_args(p: argparse.ArgumentParser) -> None:
                    help="memory per GPU in GiB: a GPU not in the catalogue, or a catalogued one's figure replaced")
     p.add_argument("--bandwidth-tbs", type=_number, default=None,
                    help="memory bandwidth per GPU in TB/s (decimal) for the decode estimate")
-    p.add_argument("--efficiency", type=_fraction, default=decode.DEFAULT_EFFICIENCY,
+    p.add_argument("--efficiency", type=_share, default=decode.DEFAULT_EFFICIENCY,
                    help=f"share of the bandwidth decode reaches, above 0 and at most 1 (default "
                         f"{decode.DEFAULT_EFFICIENCY:g}, a stated assumption)")
     p.add_argument("--params", type=_params, default=None, help="parameter count of the weights (e.g. 70B)")

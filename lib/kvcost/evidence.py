@@ -17,8 +17,8 @@ from .paths import data_path
 from .provenance import checked
 from .storage.spec import HADAMARD, CacheSpec, parse_spec
 
-__all__ = ["PASSKEY_MODEL", "SYNTHETIC_BASIS", "accuracy_evidence", "accuracy_lookup", "default_accuracy_csv",
-           "default_passkey_csv", "passkey_lookup"]
+__all__ = ["PASSKEY_MODEL", "PASSKEY_UNIT_CSV", "SYNTHETIC_BASIS", "accuracy_evidence", "accuracy_lookup",
+           "default_accuracy_csv", "default_passkey_csv", "passkey_lookup"]
 
 
 def _retrieved(rows: list[dict[str, str]]) -> int:
@@ -38,6 +38,8 @@ def default_passkey_csv() -> Path:
 #: What each committed evidence table was measured on, as its README says.
 SYNTHETIC_BASIS = "synthetic head with MiniLM statistics (data/plan_needle), not a decoder"
 PASSKEY_MODEL = "SmolLM2-135M-Instruct"
+#: The FP8 kernel's passkey cells re-run on Hopper's MMA-Sim-exact unit, beside the passkey grid.
+PASSKEY_UNIT_CSV = "passkey_unit.csv"
 
 
 def accuracy_lookup(path: str | Path | None, storage: str,
@@ -92,7 +94,8 @@ def accuracy_evidence(spec: str | CacheSpec, context: int, card: GPU | None = No
     naming what it was measured on and at what length (never the planned model), and a text joining them;
     "no evidence for ..." when neither table has the format. A measurement shorter than ``context`` says so.
     On a Hopper GPU under vLLM, fp8 also reports the real decoder with FlashAttention-3's FP8 attention
-    emulated (the ``fa3`` variant)."""
+    emulated (the ``fa3`` variant), and that kernel re-run on Hopper's MMA-Sim-exact unit
+    (``passkey_unit.csv`` beside the passkey table) where it has rows."""
     sp = parse_spec(spec, param="dtypes")
     label = sp.kv_label + (HADAMARD if sp.rotation else "")          # the needle table's storage column
     out: list[dict[str, Any]] = []
@@ -107,13 +110,18 @@ def accuracy_evidence(spec: str | CacheSpec, context: int, card: GPU | None = No
     if (card is not None and card.arch == "Hopper" and engine in ("vllm", "none")
             and formats.get(sp.k).family == "fp8"):
         variants.append(("FlashAttention-3 FP8 attention on Hopper, emulated", "fa3"))
-    for what, var in variants:
-        pk = passkey_lookup(passkey_csv, var, context)
+    tables = [(what, var, passkey_csv) for what, var in variants]
+    if passkey_csv is not None and variants[-1][1] == "fa3":
+        # the same kernel re-run on Hopper's bit-exact wgmma unit (MMA-Sim), beside the grid (notebook 08)
+        tables.append(("FlashAttention-3 FP8 attention on Hopper's MMA-Sim-exact tensor-core unit", "fa3",
+                       Path(passkey_csv).with_name(PASSKEY_UNIT_CSV)))
+    for what, var, table in tables:
+        pk = passkey_lookup(table, var, context)
         if pk is not None:
             k, n, at, k0, n0 = pk
             out.append({"basis": "real decoder", "on": f"{PASSKEY_MODEL} (data/real_model), {what}",
                         "test": "passkey", "variant": var, "successes": k, "trials": n, "context": at,
-                        "reference": f"{k0}/{n0}" if n0 else None})
+                        "reference": f"{k0}/{n0}" if n0 else None, "table": Path(table).name})
     if not out:
         return f"no evidence for {label} (no synthetic needle, no real-decoder passkey)", ()
     parts = []
@@ -122,4 +130,7 @@ def accuracy_evidence(spec: str | CacheSpec, context: int, card: GPU | None = No
         ref = f"; unquantized {e['reference']}" if e["reference"] else ""
         parts.append(f"{e['on']}: {e['test']} {stats.rate_text(e['successes'], e['trials'])} at "
                      f"{e['context']:,} tokens{short}{ref}")
+    if sp.skip_layers:
+        parts.append(f"measured with every layer in {sp.kv_label}; this spec keeps {', '.join(sp.skip_layers)} "
+                     f"layers in {sp.skip_dtype}")
     return " | ".join(parts), tuple(out)
