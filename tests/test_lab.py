@@ -83,7 +83,8 @@ def test_make_lab_lists_the_notebooks(lab):
 
 def _as_lab_saves_it(nb: dict) -> dict:
     """``nb`` as JupyterLab sends it after opening it and running every cell: the kernel's display name
-    and language_info (with the interpreter's version), per-cell timings, trust and scroll state."""
+    and language_info (with the interpreter's version), consecutive streams merged, per-cell timings,
+    trust and scroll state."""
     nb = copy.deepcopy(nb)
     nb["metadata"]["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
     nb["metadata"]["language_info"] = {
@@ -92,6 +93,15 @@ def _as_lab_saves_it(nb: dict) -> dict:
         "version": platform.python_version()}
     stamp = "2026-12-01T10:00:00.000000Z"
     for cell in nb["cells"]:
+        outputs = []
+        for o in cell.get("outputs", []):     # Lab holds consecutive streams of one name as one
+            if o["output_type"] == "stream" and outputs and outputs[-1]["output_type"] == "stream" \
+                    and outputs[-1]["name"] == o["name"]:
+                outputs[-1] = {**outputs[-1], "text": outputs[-1]["text"] + o["text"]}
+            else:
+                outputs.append(o)
+        if "outputs" in cell:
+            cell["outputs"] = outputs
         cell["metadata"]["trusted"] = True
         if cell["cell_type"] == "code":
             cell["metadata"]["execution"] = {k: stamp for k in ("iopub.execute_input", "iopub.status.busy",

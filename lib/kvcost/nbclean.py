@@ -5,8 +5,9 @@ after papermill) and every save from JupyterLab (:func:`pre_save_hook`, the Jupy
 ``ContentsManager.pre_save_hook`` set in ``.jupyter/jupyter_server_config.py``, which ``make lab``
 loads). It removes papermill's notebook and cell metadata, per-cell timing and UI state, the
 interpreter's patch version that a kernel reports (``language_info.version``), and gives the
-``python3`` kernelspec the display name a running kernel reports; it keeps outputs and execution
-counts (nbval needs both). A notebook whose outputs hold a machine path is refused by ``make
+``python3`` kernelspec the display name a running kernel reports, and merges consecutive stream
+outputs of one name as JupyterLab does; it keeps outputs and execution counts (nbval needs both, and
+merges streams itself). A notebook whose outputs hold a machine path is refused by ``make
 notebooks`` (:func:`machine_path`; a notebook must never print one).
 """
 from __future__ import annotations
@@ -50,7 +51,26 @@ def clean(nb: dict[str, Any]) -> dict[str, Any]:
             cmeta["tags"] = tags
             if not tags:
                 del cmeta["tags"]
+        if cell.get("outputs"):
+            cell["outputs"] = _merged_streams(cell["outputs"])
     return nb
+
+
+def _merged_streams(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive stream outputs of one name as one, as JupyterLab holds them (it merges them when it
+    opens or runs a notebook; nbclient keeps each message apart). Text stays a list of lines where it was
+    one (the file form), a string where it was a string (the form the server's REST API carries)."""
+    out: list[dict[str, Any]] = []
+    for o in outputs:
+        last = out[-1] if out else None
+        if (o.get("output_type") == "stream" and last is not None and last.get("output_type") == "stream"
+                and last.get("name") == o.get("name")):
+            as_list = isinstance(last["text"], list)
+            text = "".join(last["text"]) + ("".join(o["text"]) if isinstance(o["text"], list) else o["text"])
+            last["text"] = text.splitlines(keepends=True) if as_list else text
+        else:
+            out.append(o)
+    return out
 
 
 def dumps(nb: dict[str, Any]) -> str:
