@@ -167,3 +167,13 @@ def test_nbclean_strips_volatile_metadata_and_refuses_machine_paths(tmp_path):
     text = path.read_text()
     assert json.loads(text)["metadata"]["kernelspec"]["display_name"] == "Python 3 (ipykernel)"
     assert nbclean.dumps(nbclean.clean(json.loads(text))) == text
+    # consecutive streams of one name merged as JupyterLab merges them, in either text form
+    streams = [{"output_type": "stream", "name": "stdout", "text": ["a\n", "b"]},
+               {"output_type": "stream", "name": "stdout", "text": ["c\n"]},
+               {"output_type": "stream", "name": "stderr", "text": "w\n"},
+               {"output_type": "stream", "name": "stdout", "text": "d\n"}]
+    cell = {"cell_type": "code", "metadata": {}, "outputs": streams, "execution_count": 1, "source": ""}
+    assert nbclean.clean({"cells": [cell]})["cells"][0]["outputs"] == [
+        {"output_type": "stream", "name": "stdout", "text": ["a\n", "bc\n"]},
+        {"output_type": "stream", "name": "stderr", "text": "w\n"},
+        {"output_type": "stream", "name": "stdout", "text": "d\n"}]

@@ -68,7 +68,8 @@ if REPO:
     html_theme_options |= {
         "repository_url": REPO,
         "repository_branch": BRANCH,
-        "path_to_docs": "docs/site",
+        # launch paths are path_to_docs/pagename: "" gives notebooks/NN_name.ipynb, the repository's own
+        "path_to_docs": "",
         "use_repository_button": True,
         "launch_buttons": {"binderhub_url": BINDER, "notebook_interface": "jupyterlab"},
     }
