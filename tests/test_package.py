@@ -117,3 +117,7 @@ def test_a_checkout_finds_its_data_the_same_way():
     assert paths.checkout() == ROOT and (ROOT / "pyproject.toml").is_file()
     assert paths.data_dir() == (ROOT / "lib" / "kvcost" / "data").resolve() == (ROOT / "data").resolve()
     assert paths.data_path("models", "qwen3-8b.json").is_file()
+    # a parameter's path relative to the repository: data/… is the package data, the rest the checkout
+    assert paths.repo_path("data/real_kv/minilm_l6_kv.npz") == paths.data_path("real_kv", "minilm_l6_kv.npz")
+    assert paths.repo_path("results/x") == ROOT / "results" / "x"
+    assert paths.repo_path(Path("/elsewhere/x")) == Path("/elsewhere/x")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-__all__ = ["data_dir", "data_path", "checkout", "repo_root"]
+__all__ = ["data_dir", "data_path", "checkout", "repo_root", "repo_path"]
 
 
 def _package() -> Path:
@@ -50,3 +50,15 @@ def checkout() -> Path | None:
 def repo_root() -> Path:
     """The repository root: the checkout, or the current directory outside one (an installed package)."""
     return checkout() or Path.cwd()
+
+
+def repo_path(path: str | Path) -> Path:
+    """A path as parameters give it, relative to the repository: ``data/…`` names the package data (the
+    checkout's ``data/`` there, the installed copy elsewhere), another relative path lies under
+    :func:`repo_root`, an absolute path is itself."""
+    p = Path(path)
+    if p.is_absolute():
+        return p
+    if p.parts[:1] == ("data",):
+        return data_dir().joinpath(*p.parts[1:])
+    return repo_root() / p

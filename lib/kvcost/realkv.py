@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .paths import repo_root
+from .paths import repo_path
 from .provenance import checked
 
 __all__ = [
@@ -141,8 +141,7 @@ def load_real_kv(path: str | Path | None = None) -> RealKV:
     if path is not None and not isinstance(path, (str, Path)):
         raise ValueError(f"parameter 'path' must be a path string or None, got {path!r}")
     p = Path(path) if path else DEFAULT_PATH
-    if not p.is_absolute():
-        p = repo_root() / p
+    p = repo_path(p)
     if not p.is_file():
         raise ValueError(f"parameter 'path': no real-K/V file at {p.name!r} "
                          "(regenerate it with `make real-kv`)")

@@ -41,7 +41,7 @@ import pandas as pd
 
 from .. import realkv, stats
 from ..numerics import fa3, tensorcore
-from ..paths import repo_root
+from ..paths import repo_path
 from ..provenance import checked
 
 __all__ = [
@@ -214,7 +214,7 @@ def load_profiles(source: str) -> list[HeadProfile]:
     kv = realkv.load_real_kv(kv_path)
     if q_path is None:
         return head_profiles(kv)
-    return decoder_profiles(kv, pd.read_csv(checked(repo_root() / q_path)))
+    return decoder_profiles(kv, pd.read_csv(checked(repo_path(q_path))))
 
 
 def pick_profiles(profiles: Sequence[HeadProfile], count: int) -> list[HeadProfile]:
@@ -326,7 +326,7 @@ def query_heads(source: str = "smollm2") -> list[QueryHead]:
     query heads, grouped three to a KV head), in layer then head order."""
     if source != "smollm2":
         raise ValueError(f"parameter 'source' must be 'smollm2' (the extract with real queries), got {source!r}")
-    path = repo_root() / SOURCES[source][0]
+    path = repo_path(SOURCES[source][0])
     kv = realkv.load_real_kv(path)                     # checks the extract's sha256
     with np.load(path, allow_pickle=False) as z:
         q, q_pos = z["q"].astype(np.float64), z["q_pos"].astype(np.int64)
@@ -650,7 +650,7 @@ def committed_needle(expect: dict[str, object], folder: str = NEEDLE_DIR) -> tup
     """The committed needle table and its provenance, or None when its parameters are not ``expect``'s
     (keys n_tokens, source, heads, head_dim, block_n, needle_weight, seed). A needle.csv whose sha256
     is not the one in provenance.json raises ValueError naming the file."""
-    root = repo_root() / folder
+    root = repo_path(folder)
     prov = json.loads((root / "provenance.json").read_text())
     csv = checked(root / "needle.csv")      # its sha256 against provenance.json's record
     have = prov["parameters"]
@@ -667,7 +667,7 @@ def committed_retrieval(expect: dict[str, object] | None = None, folder: str = N
     """The committed retrieval table (``retrieval.csv``, :func:`retrieval_grid` over every query head, written
     by ``scripts/long_range_retrieval.py``) and its provenance (``retrieval.json``), or None when its
     parameters are not ``expect``'s. A retrieval.csv whose sha256 differs raises ValueError naming the file."""
-    root = repo_root() / folder
+    root = repo_path(folder)
     prov = json.loads((root / "retrieval.json").read_text())
     csv = checked(root / "retrieval.csv")
     have = prov["parameters"]

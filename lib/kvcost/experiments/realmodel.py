@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from .. import realkv, realmodel, stats
-from ..paths import data_path, repo_root
+from ..paths import data_path, repo_path
 from ..provenance import checked
 from ..storage.spec import CacheSpec, parse_spec
 
@@ -405,9 +405,7 @@ def live_slice(path: str | Path | None = None, formats: tuple[str, ...] = STORE_
     V) against the unquantized cache, median over layers and heads. The round trip is
     :func:`kvcost.realmodel.store_kv`, the one the model runs use.
     """
-    p = Path(path) if path else DATA / "smollm2_kv.npz"
-    if not p.is_absolute():
-        p = repo_root() / p
+    p = repo_path(Path(path) if path else DATA / "smollm2_kv.npz")
     kv = realkv.load_real_kv(p)
     with np.load(p, allow_pickle=False) as z:
         q, q_pos = z["q"].astype(np.float64), z["q_pos"]
