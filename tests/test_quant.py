@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -421,6 +422,46 @@ def test_scheme_bits_of_the_post_int_k_split_k_and_v():
     assert axis.scheme_bits(post4, 128) == 4.125
     with pytest.raises(ValueError, match="'cache'"):
         axis.scheme_bits(post4, 128, "q")
+
+
+def test_the_2026_schemes_of_notebook_02() -> None:
+    schemes = {s.name: s for s in axis.standard_schemes([4], head_dim=128)}
+    tq = schemes["turboquant_4bit_nc"]
+    assert (axis.scheme_bits(tq, 128, "k"), axis.scheme_bits(tq, 128, "v")) == (4.125, 4.25)     # 66 and 68 bytes
+    assert axis.scheme_bits(schemes["nvfp4"], 128) == 4.5 and schemes["mxfp8"].family == "FP4 / MX blocks"
+    x = np.random.default_rng(2).standard_normal((64, 128)).astype(np.float32)
+    assert np.array_equal(tq.k(x), quant.roundtrip(x, "turboquant_4bit_nc", role="k"))
+    assert np.array_equal(tq.v(x), quant.roundtrip(x, "turboquant_4bit_nc", role="v"))
+    # llama.cpp's rotation as shipped at head_dim 128: K rotated as a whole, V in blocks of 64
+    rot = schemes["q4_0 +Hadamard"]
+    np.testing.assert_array_equal(rot.v(x), quant.rotated_roundtrip(x, lambda y: quant.ggml_roundtrip(y, "q4_0"),
+                                                                     block=64).astype(np.float64))
+    np.testing.assert_array_equal(rot.k(x), quant.roundtrip(x, "q4_0+hadamard").astype(np.float64))
+    # a head llama.cpp does not rotate (96 % 64) has no rotated twin, and no TurboQuant (Hadamard of 96)
+    names96 = {s.name for s in axis.standard_schemes([4], head_dim=96)}
+    assert "q4_0" in names96 and "q4_0 +Hadamard" not in names96 and "turboquant_4bit_nc" not in names96
+    assert "nvfp4" in names96 and "mxfp4" in names96
+    assert axis.outlier_formats(96)["about 4 bits"][:2] == ["q4_0", "iq4_nl"]
+
+
+def test_format_outlier_sweep_and_the_fp4_placement() -> None:
+    from kvcost.claims import axis as claims
+
+    sw = axis.format_outlier_sweep(np.random.default_rng(7), 256, 64, [1.0, 8.0], ["q4_0", "nvfp4", "fp8_e4m3"])
+    assert list(sw.columns) == ["format", "k_bits_per_value", "strength", "rel_l2"] and len(sw) == 6
+    base = np.random.default_rng(7).normal(0, 1, (256, 64))
+    k = base.copy()
+    k[:, ::16] *= 8.0
+    row = sw[(sw["format"] == "nvfp4") & (sw["strength"] == 8.0)].iloc[0]
+    assert row["rel_l2"] == pytest.approx(np.linalg.norm(quant.roundtrip(k, "nvfp4") - k) / np.linalg.norm(k))
+    table = pd.DataFrame({"scheme": ["q4_0", "nvfp4", "fp8 e4m3 /tensor"], "k_rel_l2": [0.13, 0.09, 0.03],
+                          "v_rel_l2": [0.08, 0.09, 0.03], "k_bits_per_value": [4.5, 4.5, 8.0],
+                          "v_bits_per_value": [4.5, 4.5, 8.0]})
+    text = claims.fp4_placement(table)
+    assert "- K: q4_0 0.13 (4.5 bits), nvfp4 0.09 (4.5 bits), fp8 e4m3 /tensor 0.03 (8 bits) — all 1 between them; " \
+           "they close 40%–40% of q4_0's gap to fp8." in text
+    assert "- V: " in text and "none between them, nvfp4 at or above q4_0." in text
+    assert claims.fp4_placement(table[table["scheme"] != "nvfp4"]) == ""
 
 
 def _llamacpp_ggml(name: str = "libggml-base.so"):

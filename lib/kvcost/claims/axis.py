@@ -6,7 +6,12 @@ import pandas as pd
 from .. import post
 from .report import Check, compare_table, untested_rows
 
-__all__ = ["axis_readings", "reproduction_checks", "untested"]
+__all__ = ["FP4_FINE", "axis_readings", "fp4_placement", "reproduction_checks", "untested"]
+
+#: FP4 with fine scales (a scale per 16 values): NVFP4 (e4m3 scales, and vLLM's 4-over-6 choice) and SGLang's
+#: E8M0-per-16; MXFP4 (E8M0 per 32) is the coarse one. The references they are placed between.
+FP4_FINE = ("nvfp4", "nvfp4_4over6", "fp4_mx_block16")
+_LOW, _HIGH = "q4_0", "fp8 e4m3 /tensor"      # scheme names (kvcost.experiments.axis.standard_schemes)
 
 _KEYS = ["cache", "bits"]
 
@@ -46,3 +51,28 @@ def axis_readings(table: pd.DataFrame) -> list[Check]:
                 ("at 2 bits the K advantage flips", "K", [2], "per-token")]
     return [Check(claim, who, winners(cache, bits), won(cache, bits, who))
             for claim, cache, bits, who in readings if set(bits) <= computed]
+
+
+def fp4_placement(cache_err: pd.DataFrame) -> str:
+    """Where FP4 with fine scales sits between q4_0 (4.5 bits) and fp8 e4m3 (8 bits, per-tensor scale), measured:
+    a Markdown paragraph from :func:`kvcost.experiments.axis.scheme_cache_errors`'s table (rows by scheme name),
+    for K and for V. Not a reading of the post (it has no FP4); empty when the rows were not computed."""
+    rows = cache_err.set_index("scheme")
+    names = [n for n in (_LOW, *FP4_FINE, "mxfp4", _HIGH) if n in rows.index]
+    if _LOW not in names or _HIGH not in names or not set(FP4_FINE) & set(names):
+        return ""
+    parts = []
+    for cache, col in (("K", "k_rel_l2"), ("V", "v_rel_l2")):
+        lo, hi = rows.loc[_LOW, col], rows.loc[_HIGH, col]
+        vals = ", ".join(f"{n} {rows.loc[n, col]:.3g} ({rows.loc[n, col[0] + '_bits_per_value']:g} bits)"
+                         for n in names)
+        fine = [n for n in FP4_FINE if n in rows.index]
+        between = [n for n in fine if hi < rows.loc[n, col] < lo]
+        above = [n for n in fine if rows.loc[n, col] >= lo]
+        where = (f"all {len(fine)} between them" if len(between) == len(fine) else
+                 f"{', '.join(between) or 'none'} between them, {', '.join(above) or 'none'} at or above q4_0")
+        share = [(lo - rows.loc[n, col]) / (lo - hi) for n in between]
+        gap = (f"; they close {min(share):.0%}–{max(share):.0%} of q4_0's gap to fp8" if share else "")
+        parts.append(f"- {cache}: {vals} — {where}{gap}.")
+    return ("**Beyond the post — FP4 with fine scales between q4_0 and fp8** (relative L2 error on this cache, "
+            "measured):\n\n" + "\n".join(parts))

@@ -17,12 +17,24 @@ from ..quant import (
     intk_roundtrip,
     kivi_roundtrip,
     rotated_roundtrip,
+    roundtrip_fn,
 )
 from ..stats import wilson
+from ..storage.spec import llamacpp_rotation, parse_spec
 from ..synthetic import post_needle_trial, post_stream
 
-__all__ = ["AXIS_COLUMNS", "Scheme", "axis_table", "group_map", "outlier_sweep", "pareto_front",
+__all__ = ["AXIS_COLUMNS", "FORMATS_2026", "OUTLIER_FORMATS", "Scheme", "axis_table", "format_outlier_sweep",
+           "formats_2026_schemes", "group_map", "outlier_formats", "outlier_sweep", "pareto_front",
            "scheme_attention_errors", "scheme_bits", "scheme_cache_errors", "standard_schemes"]
+
+#: The 2026 engines' formats notebook 02 measures (kvcost.formats names) and the family each is plotted under.
+FORMATS_2026: dict[str, str] = {
+    "nvfp4": "FP4 / MX blocks", "nvfp4_4over6": "FP4 / MX blocks", "fp4_mx_block16": "FP4 / MX blocks",
+    "mxfp4": "FP4 / MX blocks", "mxfp8": "FP4 / MX blocks",
+    "fp8_e4m3fnuz_token": "fp8", "int8_token": "per-token-head int (vLLM)", "int4_token": "per-token-head int (vLLM)",
+    "turboquant_k8v4": "TurboQuant (vLLM)", "turboquant_4bit_nc": "TurboQuant (vLLM)",
+    "turboquant_k3v4_nc": "TurboQuant (vLLM)", "turboquant_3bit_nc": "TurboQuant (vLLM)",
+}
 
 #: The columns of ``axis.csv`` (docs/notebooks.md).
 AXIS_COLUMNS = ["cache", "bits", "per_token", "per_channel", "winner"]
@@ -89,6 +101,42 @@ def outlier_sweep(rng: np.random.Generator, n_tokens: int, head_dim: int, streng
     return pd.DataFrame(rows)
 
 
+#: The formats the outlier sweep compares, by width class (storage specs; K is what is stored).
+OUTLIER_FORMATS: dict[str, tuple[str, ...]] = {
+    "about 4 bits": ("q4_0", "q4_0+hadamard", "iq4_nl", "nvfp4", "nvfp4_4over6", "fp4_mx_block16", "mxfp4",
+                     "int4_token", "turboquant_4bit_nc"),
+    "about 8 bits": ("q8_0", "q8_0+hadamard", "fp8_e4m3", "fp8_e4m3_token", "mxfp8", "int8_token",
+                     "turboquant_k8v4"),
+}
+
+
+def outlier_formats(head_dim: int) -> dict[str, list[str]]:
+    """:data:`OUTLIER_FORMATS` without the formats that cannot store a head of ``head_dim`` channels (and without
+    rotated specs unless ``head_dim`` is a power of two)."""
+    pow2 = head_dim >= 1 and not head_dim & (head_dim - 1)
+    return {w: [n for n in names if _fits(parse_spec(n).k, head_dim) and (pow2 or not parse_spec(n).rotation)]
+            for w, names in OUTLIER_FORMATS.items()}
+
+
+def format_outlier_sweep(rng: np.random.Generator, n_tokens: int, head_dim: int, strengths: list[float],
+                         names: list[str], stride: int = 16) -> pd.DataFrame:
+    """K's error in each storage format as its outlier channels grow (the axis map's outlier axis, for the
+    engines' formats rather than int-k's two axes). The same draw as :func:`outlier_sweep` (call it with a
+    fresh ``default_rng(seed)``): every ``stride``-th channel scaled by each strength. ``names`` are storage
+    specs (``q4_0``, ``nvfp4``, ``turboquant_4bit_nc``, ``q4_0+hadamard`` ...), stored as K (``role="k"``).
+    Columns ``format, k_bits_per_value, strength, rel_l2`` (K's true bits)."""
+    base = rng.normal(0, 1, (n_tokens, head_dim))
+    fns = {n: roundtrip_fn(n, role="k") for n in names}
+    bits = {n: scheme_bits(Scheme(n, "", parse_spec(n).k, fns[n], fns[n]), head_dim, "k") for n in names}
+    rows = []
+    for s in strengths:
+        k = base.copy()
+        k[:, ::stride] *= s
+        for n, fn in fns.items():
+            rows.append({"format": n, "k_bits_per_value": bits[n], "strength": float(s), "rel_l2": rel_l2(fn(k), k)})
+    return pd.DataFrame(rows, columns=["format", "k_bits_per_value", "strength", "rel_l2"])
+
+
 @dataclass(frozen=True)
 class Scheme:
     """A storage scheme for a cache: round trips for K and V (shapes ``(..., tokens, head_dim)``),
@@ -107,14 +155,35 @@ def _ggml_rt(kind: str) -> Callable[[np.ndarray], np.ndarray]:
     return lambda x: ggml_roundtrip(x, kind).astype(np.float64)
 
 
-def _rot(rt: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-    return lambda x: rotated_roundtrip(x, rt)
+def _rot(rt: Callable[[np.ndarray], np.ndarray], block: int) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda x: rotated_roundtrip(x, rt, block=block)
 
 
-def standard_schemes(bits_list: list[int] = (8, 4, 2), group: int = 32, residual: int = 128) -> list[Scheme]:
+def _fits(name: str, head_dim: int) -> bool:
+    """Whether format ``name`` can store a head of ``head_dim`` channels (blocks divide it; TurboQuant's Hadamard
+    needs a power of two)."""
+    f = formats.get(name)
+    if f.family == "turboquant":
+        return head_dim >= 2 and not head_dim & (head_dim - 1)
+    return f.scale != "block" or head_dim % f.block == 0
+
+
+def formats_2026_schemes(head_dim: int = 128) -> list[Scheme]:
+    """The 2026 engines' formats (:data:`FORMATS_2026`) as schemes, each through the one round trip
+    (:func:`kvcost.quant.roundtrip_fn`, K with ``role="k"``, V with ``"v"``); formats that cannot store a head of
+    ``head_dim`` channels are left out."""
+    return [Scheme(name, fam, name, roundtrip_fn(name, role="k"), roundtrip_fn(name, role="v"))
+            for name, fam in FORMATS_2026.items() if _fits(name, head_dim)]
+
+
+def standard_schemes(bits_list: list[int] = (8, 4, 2), group: int = 32, residual: int = 128,
+                     head_dim: int = 128) -> list[Scheme]:
     """The schemes notebook 02 compares: the post's symmetric int-k (K per channel, V per token),
     KIVI-style asymmetric groups (with and without the residual window), fp8 at three scale
-    granularities, llama.cpp's block formats with and without the Hadamard rotation, and bf16."""
+    granularities, llama.cpp's block formats with and without the Hadamard rotation llama.cpp applies to
+    them by default (K in blocks of the largest power of two dividing ``head_dim``, V in blocks of 64:
+    :func:`kvcost.storage.spec.llamacpp_rotation`; no rotated twin where llama.cpp does not rotate), bf16,
+    and the 2026 formats (:func:`formats_2026_schemes`)."""
     out: list[Scheme] = [Scheme("bf16", "float", "bf16", lambda x: floats.round_to(x, "bf16"),
                                 lambda x: floats.round_to(x, "bf16"))]
     for b in bits_list:
@@ -134,9 +203,11 @@ def standard_schemes(bits_list: list[int] = (8, 4, 2), group: int = 32, residual
                               lambda x, f=f, sc=sc: fp8_roundtrip(x, f, sc)))
     for kind in GGML_KINDS:
         out.append(Scheme(kind, "llama.cpp", kind, _ggml_rt(kind), _ggml_rt(kind)))
-        out.append(Scheme(f"{kind} +Hadamard", "llama.cpp +Hadamard", kind,
-                          _rot(_ggml_rt(kind)), _rot(_ggml_rt(kind))))
-    return out
+        kb, vb = llamacpp_rotation(kind, kind, head_dim)
+        if kb is not None and vb is not None:
+            out.append(Scheme(f"{kind} +Hadamard", "llama.cpp +Hadamard", kind,
+                              _rot(_ggml_rt(kind), kb), _rot(_ggml_rt(kind), vb)))
+    return out + formats_2026_schemes(head_dim)
 
 
 def scheme_bits(scheme: Scheme, head_dim: int, cache: str = "kv") -> float:
@@ -152,6 +223,9 @@ def scheme_bits(scheme: Scheme, head_dim: int, cache: str = "kv") -> float:
         return float("nan")
     k_bits = formats.bits_per_value(scheme.fmt, head_dim)
     v_bits = formats.bits_per_value(scheme.v_fmt or scheme.fmt, head_dim)
+    if formats.get(scheme.fmt).family == "turboquant":          # one slot, K's and V's bytes differ
+        slot = formats.turboquant_slot(scheme.fmt, head_dim)
+        k_bits, v_bits = 8 * slot.key / head_dim, 8 * slot.value / head_dim
     return {"k": k_bits, "v": v_bits, "kv": (k_bits + v_bits) / 2}[cache]
 
 
