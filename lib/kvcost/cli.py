@@ -205,14 +205,21 @@ def _format_fleet(f: fleet.Fleet) -> str:
              f"{f.kv_budget_gib_per_gpu:.2f} GiB per GPU",
              f"requests: {engine}", f.decode_note, "",
              f"{'K/V format':<30} {'bits':>5} {'KiB/token':>10} {'tokens':>12} {'requests':>9} "
-             f"{'longest ctx':>12} {'kernel':>9} {'batch':>6} {'ITL ms':>8} {'tok/s/req':>9} {'tok/s/GPU':>10}"]
+             f"{'longest ctx':>12} {'kernel':>9} {'KV read':>7} {'batch':>6} {'ITL ms':>8} {'tok/s/req':>9} "
+             f"{'tok/s/GPU':>10}"]
     for r in f.rows:
         lc = "n/a" if r.longest_context is None else f"{r.longest_context:,}"
         dec = (f"{r.decode_batch:>6,} {r.itl_ms:>8.2f} {r.tokens_per_s_request:>9.1f} {r.tokens_per_s_gpu:>10,.0f}"
                if r.itl_ms is not None and r.decode_batch is not None and r.tokens_per_s_request is not None
                and r.tokens_per_s_gpu is not None else f"{'-':>6} {'-':>8} {'-':>9} {'-':>10}")
+        # the KV reads' share of bf16's rate in the decode estimate: a published kernel factor, or bytes only
+        kv_read = "-" if r.kv_read_factor is None else (
+            "bytes" if r.kv_read_basis.startswith("no published") else f"x{r.kv_read_factor:.2f}")
         lines.append(f"{r.spec or r.dtype + '/' + r.v_dtype:<30} {r.bits_per_value:>5.2f} {r.kib_per_token:>10.2f} "
-                     f"{r.kv_tokens:>12,} {r.requests:>9,} {lc:>12} {r.kernel:>9} {dec}")
+                     f"{r.kv_tokens:>12,} {r.requests:>9,} {lc:>12} {r.kernel:>9} {kv_read:>7} {dec}")
+    bases = dict.fromkeys(r.kv_read_basis for r in f.rows if r.kv_read_basis.startswith("no published"))
+    if bases:
+        lines += ["", "KV read 'bytes': " + "; ".join(bases)]
     lines += ["", f"accuracy evidence at {f.context:,} tokens (what each measurement rests on):"]
     lines += [f"  {r.spec or r.dtype}: {r.accuracy}" for r in f.rows]
     return "\n".join(lines)
