@@ -32,6 +32,8 @@ out.mkdir(parents=True, exist_ok=True)
 (out / "other.csv").write_text(f"x\\n{x * x}\\n")
 (pathlib.Path(os.environ["KVCOST_FIGURE_DIR"]) / "toy.png").write_bytes(b"not really a png")
 print("toy", x)
+from IPython.display import Markdown, display
+display(Markdown(f"**Verdict.** toy {x}"))
 """
 
 SCHEMA = Schema(STEM, [Int("x", 0, lo=0, hi=1000), Int("fail_at", -1), PathStr("counter", "")])

@@ -83,6 +83,7 @@ def test_a_run_writes_every_file_in_its_folder(tmp_path, monkeypatch, capsys):
     assert rec["status"] == "finished" and rec["params"] == {"x": 6} and rec["peak_memory_mib"] > 10
     log = (out / "run.log").read_text()
     assert "toy 6" in log and re.search(r"peak memory [\d.]+ MiB", log)
+    assert "**Verdict.** toy 6" in log and "Markdown object" not in log      # the verdict's text, not its repr
 
 
 def test_a_failed_run_says_why_and_leaves_no_tables(tmp_path, monkeypatch, capsys):

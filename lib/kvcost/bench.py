@@ -156,7 +156,8 @@ def bench_units_vs_mmasim() -> list[BenchResult]:
         rows.append(BenchResult(f"unit {arch} {instr}: matmul vs MMA-Sim, {n_instr} instructions", t_ours, ratio,
                                 "x MMA-Sim", 1000.0, bool(same and ratio >= 1000),
                                 f"{n_instr / t_ours:,.0f} instructions/s (MMA-Sim {n_instr / t_sim:,.0f}); "
-                                f"{macs / t_ours / 1e6:,.0f}M MAC/s = {macs / t_ours / sgemm:.1%} of float32 sgemm here, "
+                                f"{macs / t_ours / 1e6:,.0f}M MAC/s = {macs / t_ours / sgemm:.1%} of float32 sgemm "
+                                "here, "
                                 f"the bar needs {1000 * macs / t_sim / sgemm:.0%}; "
                                 f"{'identical' if same else 'DIFFERENT'}"))
     return rows

@@ -46,7 +46,10 @@ from typing import Any, ClassVar
 import papermill as pm
 import psutil
 import yaml
+from papermill.clientwrap import PapermillNotebookClient
+from papermill.engines import NBClientEngine, papermill_engines
 from papermill.exceptions import PapermillExecutionError
+from papermill.utils import merge_kwargs, remove_args
 
 from . import __version__, notebook_params
 from .output import FIGURE_DIR_ENV
@@ -81,6 +84,36 @@ __all__ = [
     "source_hash",
     "terminate_children",
 ]
+
+class _MarkdownLogClient(PapermillNotebookClient):
+    """papermill's client, logging a displayed Markdown object (a notebook's verdict) as its text: papermill
+    logs an output's text/plain, which for ``IPython.display.Markdown`` is ``<... Markdown object>``."""
+
+    def log_output_message(self, output: Any) -> None:
+        data = output.get("data", {}) if output.output_type in ("display_data", "execute_result") else {}
+        if self.log_output and "text/markdown" in data:
+            self.log.info("".join(data["text/markdown"]))
+        else:
+            super().log_output_message(output)
+
+
+class _MarkdownLogEngine(NBClientEngine):
+    """papermill's nbclient engine with :class:`_MarkdownLogClient` (papermill's own arguments, unchanged)."""
+
+    @classmethod
+    def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, log_output: bool = False,
+                                 stdout_file: Any = None, stderr_file: Any = None, start_timeout: int = 60,
+                                 execution_timeout: int | None = None, **kwargs: Any) -> Any:
+        kwargs = remove_args(["input_path"], **kwargs)
+        safe = remove_args(["timeout", "startup_timeout"], **kwargs)
+        final = merge_kwargs(safe, timeout=execution_timeout if execution_timeout else kwargs.get("timeout"),
+                             startup_timeout=start_timeout, kernel_name=kernel_name, log=logging.getLogger("papermill"),
+                             log_output=log_output, stdout_file=stdout_file, stderr_file=stderr_file)
+        return _MarkdownLogClient(nb_man, **final).execute()
+
+
+ENGINE = "kvcost-markdown-log"
+papermill_engines.register(ENGINE, _MarkdownLogEngine)
 
 RESULT_FILE = "run.json"   # written last: its presence with status "finished" means the run is complete
 LOG_FILE = "run.log"
@@ -481,7 +514,7 @@ def run_notebook(nb: Path, params: Mapping[str, Any], out: Path, *, kernel: str 
                 pm.execute_notebook(str(nb), str(staging / f"{stem}.ipynb"),
                                     parameters={**params, "out_dir": _relative(staging)},
                                     cwd=str(repo_root() / "notebooks"), kernel_name=kernel,
-                                    progress_bar=False, log_output=True)
+                                    progress_bar=False, log_output=True, engine_name=ENGINE)
                 result.status = "finished"
             except PapermillExecutionError as err:
                 result.error = f"cell {err.exec_count}: {err.ename}: {err.evalue}"
