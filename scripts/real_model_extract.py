@@ -23,6 +23,13 @@ Written to data/real_model/:
   (K before RoPE) and ``q`` (queries after RoPE at the last 64 kept positions, ``q_pos``), all
   float16. ``kvcost.realkv.load_real_kv`` reads it.
 - ``smollm2_kv.json``: command, versions, date, digests of the inputs and outputs.
+
+``--model gemma3-270m`` writes the same files for Gemma 3 270M to data/real_model/gemma3_270m/
+(``gemma3_270m_kv.npz`` / ``.json``; layers GEMMA_LAYERS), its window starting with BOS as the perplexity
+runs' do, its sliding-window layers attending through kvcost.realattention's banded attention. K is seen at
+three stages there: ``k_proj``'s output (``k_pre``), after QK-norm (``k_norm``, before RoPE) and after RoPE
+(``k_post``); each row says the layer's attention type (``layer_type``: sliding or full), and a query's
+sink share (weight on token 0, BOS) is NaN in a sliding layer whose window no longer reaches token 0.
 """
 from __future__ import annotations
 
@@ -37,22 +44,29 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from kvcost import realkv, realmodel  # noqa: E402
+from kvcost import provenance, realattention, realkv, realmodel  # noqa: E402
 
 TEXT = ROOT / "data" / "text" / "pride_and_prejudice.txt"
 OUT = ROOT / "data" / "real_model"
 LAYERS = (0, 1, 10, 20, 29)
+#: Gemma 3 270M's layers in the extract: the first sliding-window layer, the first global one, the sliding
+#: layer after it, the last (global) layer.
+GEMMA_LAYERS = (0, 5, 6, 17)
 Q_ROWS = 64
 
 
-def head_stats(k_pre: np.ndarray, k_post: np.ndarray, v: np.ndarray) -> list[dict]:
+def head_stats(k_pre: np.ndarray, k_post: np.ndarray, v: np.ndarray, k_norm: np.ndarray | None = None,
+               kinds: list[str] | None = None) -> list[dict]:
     rows = []
-    tables = {name: realkv.channel_outlier_table(x, 4.0) for name, x in (("k_pre", k_pre), ("k_post", k_post))}
+    stages = (("k_pre", k_pre), *((("k_norm", k_norm),) if k_norm is not None else ()), ("k_post", k_post))
+    tables = {name: realkv.channel_outlier_table(x, 4.0) for name, x in stages}
     vt = realkv.token_outlier_table(v, 6.0)
     for i, (layer, head) in enumerate(zip(vt["layer"], vt["head"])):
         vv = v[layer, head]
         mu, sd = vv.mean(axis=0), vv.std(axis=0)
         row = {"layer": int(layer), "kv_head": int(head)}
+        if kinds is not None:
+            row["layer_type"] = kinds[int(layer)]
         for name, t in tables.items():
             row[f"{name}_max_channel_ratio"] = float(t["max_ratio"][i])
             row[f"{name}_outlier_channels"] = int(t["outlier_channels"][i])
@@ -66,23 +80,31 @@ def head_stats(k_pre: np.ndarray, k_post: np.ndarray, v: np.ndarray) -> list[dic
     return rows
 
 
-def query_stats(q: np.ndarray, k: np.ndarray, rows: int) -> list[dict]:
-    """q (layers, 9, T, d), k (layers, 3, T, d) after RoPE: causal scores of the last ``rows`` queries."""
+def query_stats(q: np.ndarray, k: np.ndarray, rows: int, scaling: float | None = None,
+                windows: list[int | None] | None = None, kinds: list[str] | None = None) -> list[dict]:
+    """q (layers, 9, T, d), k (layers, 3, T, d) after RoPE: causal scores of the last ``rows`` queries
+    (scaled by ``scaling``, default 1/sqrt(d); within each layer's window where ``windows`` gives one)."""
     n_l, hq, t, d = q.shape
     group = hq // k.shape[1]
     pos = np.arange(t - rows, t)
-    mask = np.arange(t)[None, :] > pos[:, None]
+    causal = np.arange(t)[None, :] > pos[:, None]
+    scale = 1 / np.sqrt(d) if scaling is None else scaling
     out = []
     for layer in range(n_l):
+        w = windows[layer] if windows is not None else None
+        mask = causal | (np.arange(t)[None, :] <= pos[:, None] - w) if w is not None else causal
         for h in range(hq):
-            s = q[layer, h, pos] @ k[layer, h // group].T / np.sqrt(d)
+            s = q[layer, h, pos] @ k[layer, h // group].T * scale
             s = np.where(mask, np.nan, s)
             spread = np.nanstd(s, axis=1)
             e = np.exp(s - np.nanmax(s, axis=1, keepdims=True))
             e = np.where(mask, 0.0, e)
             p = e / e.sum(axis=1, keepdims=True)
-            out.append({"layer": layer, "head": h, "score_spread": float(np.median(spread)),
-                        "sink_share": float(np.median(p[:, 0])), "top_weight": float(np.median(p.max(axis=1)))})
+            sink = np.where(mask[:, 0], np.nan, p[:, 0])          # NaN where token 0 is out of the window
+            row = {"layer": layer, "head": h, "score_spread": float(np.median(spread)),
+                   "sink_share": float(np.nanmedian(sink)) if np.isfinite(sink).any() else float("nan"),
+                   "top_weight": float(np.median(p.max(axis=1)))}
+            out.append(row if kinds is None else {**row, "layer_type": kinds[layer]})
     return out
 
 
@@ -91,8 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--keep", type=int, default=512, help="tokens kept in the extract")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--model", choices=list(realmodel.DECODERS), default=realmodel.DEFAULT_DECODER)
+    ap.add_argument("--out", type=Path, default=None, help="default data/real_model/[gemma3_270m/]")
     args = ap.parse_args(argv)
+    dec = realmodel.decoder(args.model)
+    smol = dec.name == realmodel.DEFAULT_DECODER
+    args.out = args.out or (OUT if smol else OUT / dec.name.replace("-", "_"))
+    stem = "smollm2_kv" if smol else f"{dec.name.replace('-', '_')}_kv"
     if not Q_ROWS <= args.keep <= args.tokens:
         ap.error(f"--keep must be between {Q_ROWS} and --tokens")
 
@@ -101,14 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    model, tok = realmodel.load("smollm2-135m", args.threads)
+    model, tok = realmodel.load(dec.name, args.threads)
     ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:args.tokens]
+    if dec.bos_first:
+        ids = realmodel.window_tokens(ids, 0, len(ids), tok.bos_token_id)
     n_layers = model.config.num_hidden_layers
-    k_pre, k_post, v, q = ([None] * n_layers for _ in range(4))
+    head_dim = model.config.head_dim if hasattr(model.config, "head_dim") else 64
+    kinds = realmodel.layer_types(model)
+    k_pre, k_norm, k_post, v, q = ([None] * n_layers for _ in range(5))
+    # a custom attention name gets no masks from transformers: sliding layers need the banded attention
+    inner = sdpa_attention_forward if smol else realattention.BandedAttention()
 
     def record_q(module, query, key, value, attention_mask, **kwargs):
         q[module.layer_idx] = query[0].detach().numpy().copy()
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return inner(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("kvcost_record", record_q)
     model.set_attn_implementation("kvcost_record")
@@ -120,29 +153,40 @@ def main(argv: list[str] | None = None) -> int:
     hooks = []
     for i, lay in enumerate(model.model.layers):
         def hook(_m, _inp, out, i=i):
-            k_pre[i] = out[0].detach().view(out.shape[1], -1, 64).transpose(0, 1).numpy().copy()
+            k_pre[i] = out[0].detach().view(out.shape[1], -1, head_dim).transpose(0, 1).numpy().copy()
         hooks.append(lay.self_attn.k_proj.register_forward_hook(hook))
+        if not smol:                                # QK-norm: K after its RMSNorm, before RoPE
+            def norm_hook(_m, _inp, out, i=i):
+                k_norm[i] = out[0].detach().numpy().copy()
+            hooks.append(lay.self_attn.k_norm.register_forward_hook(norm_hook))
     with torch.no_grad():
-        model(torch.tensor([ids]), past_key_values=realmodel.StoredCache("fp32", record=record_kv), use_cache=True)
+        model(torch.tensor([ids]), past_key_values=realmodel.StoredCache("fp32", record=record_kv, model=model),
+              use_cache=True)
     for h in hooks:
         h.remove()
     k_pre, k_post, v, q = (np.stack(x).astype(np.float64) for x in (k_pre, k_post, v, q))
+    k_norm = None if smol else np.stack(k_norm).astype(np.float64)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    hs = pd.DataFrame(head_stats(k_pre, k_post, v))
+    hs = pd.DataFrame(head_stats(k_pre, k_post, v, k_norm, None if smol else kinds))
     hs.to_csv(args.out / "head_stats.csv", index=False)
-    qs = pd.DataFrame(query_stats(q, k_post, min(512, args.tokens - 1)))
+    windows = None if smol else [dec.sliding_window if k == "sliding" else None for k in kinds]
+    scaling = None if smol else model.model.layers[0].self_attn.scaling
+    qs = pd.DataFrame(query_stats(q, k_post, min(512, args.tokens - 1), scaling, windows, None if smol else kinds))
     qs.to_csv(args.out / "query_stats.csv", index=False)
 
-    keep, lay = args.keep, list(LAYERS)
+    keep, lay = args.keep, list(LAYERS if smol else GEMMA_LAYERS)
     tokens = tok.convert_ids_to_tokens(ids[:keep])
     meta = {
-        "model": realmodel.GGUF_NAME, "dist": f"{realmodel.DIST}==0.1.2",
-        "gguf_sha256": realmodel.sha256(realmodel.find_gguf()),
+        "model": dec.gguf, "dist": f"{dec.dist}=={dec.version}",
+        "gguf_sha256": realmodel.sha256(realmodel.gguf_path(dec.name)),
         "text": str(TEXT.relative_to(ROOT)), "text_sha256": realmodel.sha256(TEXT),
         "forward_tokens": args.tokens, "kept_tokens": keep, "layers": lay, "q_rows": Q_ROWS,
         "k": "K after RoPE (what the cache stores)", "k_pre": "k_proj output, before RoPE",
-        "versions": realmodel.versions(),
+        "versions": realmodel.versions(dec.name),
+        **({} if smol else {"layer_types": kinds, "bos_first": True, "attention": "banded",
+                            "k_norm": "K after QK-norm, before RoPE (head_stats only)", "terms": dec.terms,
+                            "git_commit": provenance.git_commit()}),
     }
     arrays = {
         "k": k_post[lay, :, :keep].astype(np.float16), "v": v[lay, :, :keep].astype(np.float16),
@@ -153,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "q": q[lay, :, keep - Q_ROWS:keep].astype(np.float16),
         "q_pos": np.arange(keep - Q_ROWS, keep, dtype=np.int32),
     }
-    npz = args.out / "smollm2_kv.npz"
+    npz = args.out / f"{stem}.npz"
     realkv.write_npz(npz, arrays)
     prov = {
         "command": "python scripts/real_model_extract.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -162,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          args.out / "query_stats.csv")},
         "bytes": npz.stat().st_size,
     }
-    (args.out / "smollm2_kv.json").write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
     print(f"wrote {npz} ({npz.stat().st_size} bytes), head_stats.csv, query_stats.csv")
     return 0
 

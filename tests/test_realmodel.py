@@ -636,3 +636,44 @@ def test_gemma_bench_row_is_skipped_without_the_model(monkeypatch):
     assert bench.bench_gemma_banded in bench.BENCHMARKS
     monkeypatch.setattr(realmodel, "available", lambda model="smollm2-135m": False)
     assert bench.bench_gemma_banded() == [] and bench.bench_real_model() == []
+
+
+def test_chunked_window_metrics_equal_the_whole_matrix():
+    """The memory-light metrics (the head run a few rows at a time on final hidden states) give the sums
+    token_metrics gives on the whole logit matrix; a final softcap is applied as transformers does."""
+    torch = pytest.importorskip("torch")
+
+    class Cfg:
+        final_logit_softcapping = None
+
+    class Net:
+        config = Cfg()
+        lm_head = torch.nn.Linear(16, 50, bias=False)
+
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        Net.lm_head.weight.copy_(torch.randn(50, 16, generator=g))
+    hidden = {f: torch.randn(37, 16, generator=g) for f in ("fp32", "fp16", "q4_0")}
+    hidden["fp16"] = hidden["fp32"] + 1e-3 * hidden["fp16"]
+    targets = torch.randint(0, 50, (37,), generator=g)
+    got = realmodel.chunked_window_metrics(Net(), hidden, targets, rows=10)
+    with torch.no_grad():
+        refs = [torch.log_softmax(Net.lm_head(hidden[r]).double(), -1) for r in ("fp32", "fp16")]
+        whole = realmodel.token_metrics(Net.lm_head(hidden["q4_0"]), targets, refs)
+    q = got["q4_0"]
+    assert q["n"] == 37 and q["nll_sum"] == pytest.approx(float(whole["nll"].sum()), rel=1e-12)
+    assert q["kl_fp32_sum"] == pytest.approx(float(whole["kl0"].sum()), rel=1e-9) and q["kl_fp32_sum"] > 0
+    assert (q["top1_fp32"], q["top1_fp16"]) == (int(whole["top1_0"].sum()), int(whole["top1_1"].sum()))
+    assert q["correct"] == int((whole["argmax"] == targets.numpy()).sum())
+    assert got["fp32"]["kl_fp32_sum"] == 0.0 and got["fp32"]["top1_fp32"] == 37
+    Cfg.final_logit_softcapping = 2.0
+    with torch.no_grad():
+        capped = realmodel.logits_of(Net(), hidden["fp32"])
+    assert float(capped.abs().max()) < 2.0
+    Cfg.final_logit_softcapping = None
+    with pytest.raises(ValueError, match="'hidden' lacks"):
+        realmodel.chunked_window_metrics(Net(), {"q4_0": hidden["q4_0"]}, targets)
+    assert realmodel.window_tokens(list(range(100)), 2, 30, bos=7) == [7, *range(61, 90)]
+    assert realmodel.window_tokens(list(range(100)), 0, 30) == list(range(30))
+    with pytest.raises(ValueError, match="'window'"):
+        realmodel.window_tokens(list(range(100)), 3, 30)

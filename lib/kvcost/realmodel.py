@@ -67,6 +67,7 @@ __all__ = [
     "StoredCache",
     "assemble_parts",
     "available",
+    "chunked_window_metrics",
     "decoder",
     "find_gguf",
     "gguf_channel_order",
@@ -74,6 +75,7 @@ __all__ = [
     "layer_types",
     "layout_matters",
     "load",
+    "logits_of",
     "model_cache_dir",
     "parse_format",
     "parse_spec_checked",
@@ -82,6 +84,7 @@ __all__ = [
     "stored_format",
     "token_metrics",
     "versions",
+    "window_tokens",
     "with_spec",
 ]
 
@@ -481,4 +484,65 @@ def token_metrics(logits: Any, targets: Any, ref_logprobs: Sequence[Any] = ()) -
         ref = ref.to(torch.float64)
         out[f"kl{i}"] = torch.sum(torch.exp(ref) * (ref - lp), dim=-1).clamp_min(0.0).numpy()
         out[f"top1_{i}"] = (lp.argmax(dim=-1) == ref.argmax(dim=-1)).numpy()
+    return out
+
+
+def window_tokens(ids: Sequence[int], window: int, context: int, bos: int | None = None) -> list[int]:
+    """The tokens of text window ``window`` (``context`` consecutive tokens of ``ids``), its first one
+    replaced by ``bos`` when given — as llama.cpp's perplexity tool does for a model whose GGUF says
+    ``add_bos_token`` (:attr:`Decoder.bos_first`)."""
+    chunk = list(ids[window * context:(window + 1) * context])
+    if len(chunk) != context:
+        raise ValueError(f"parameter 'window': window {window} of {context} tokens runs past the {len(ids)} tokens")
+    if bos is not None:
+        chunk[0] = int(bos)
+    return chunk
+
+
+def logits_of(model: Any, hidden: Any) -> Any:
+    """The logits a causal-LM head gives for final hidden states ``hidden`` (rows, hidden_size): ``lm_head``,
+    then the config's ``final_logit_softcapping`` where it has one (Gemma 2's; Gemma 3 has none)."""
+    import torch
+
+    logits = model.lm_head(hidden)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def chunked_window_metrics(model: Any, hidden: dict[str, Any], targets: Any, refs: Sequence[str] = ("fp32", "fp16"),
+                           rows: int = 256) -> dict[str, dict[str, Any]]:
+    """Per format, one window's summed metrics from its final hidden states (``hidden[fmt]``: (n, hidden_size),
+    the rows that predict ``targets``), computed ``rows`` rows at a time so that no (n, vocab) matrix is ever
+    held whole (Gemma's vocabulary is 262,144: a 2k window's scored half would be 1 GiB of float32 logits per
+    format, 2 GiB as float64). Each format's head runs once per chunk, the references' included. Returns
+    ``{fmt: {n, nll_sum, kl_fp32_sum, kl_fp16_sum, top1_fp32, top1_fp16, correct}}`` (the
+    columns of :data:`WINDOW_FIELDS`, references named by ``refs``), the same numbers
+    :func:`token_metrics` gives on the whole matrix up to the order of the sums."""
+    import torch
+
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"parameter 'rows' must be an integer >= 1, got {rows!r}")
+    missing = [r for r in refs if r not in hidden]
+    if missing:
+        raise ValueError(f"parameter 'hidden' lacks the reference formats {missing}")
+    n = int(targets.shape[0])
+    out = {f: {"n": n, "nll_sum": 0.0, "kl_fp32_sum": 0.0, "kl_fp16_sum": 0.0, "top1_fp32": 0, "top1_fp16": 0,
+               "correct": 0} for f in hidden}
+    with torch.no_grad():
+        for s in range(0, n, rows):
+            e = min(s + rows, n)
+            logits = {r: logits_of(model, hidden[r][s:e]) for r in refs}
+            ref_lp = [torch.log_softmax(logits[r].to(torch.float64), dim=-1) for r in refs]
+            for fmt, h in hidden.items():
+                m = token_metrics(logits.pop(fmt) if fmt in logits else logits_of(model, h[s:e]), targets[s:e],
+                                  ref_lp)
+                o = out[fmt]
+                o["nll_sum"] += float(m["nll"].sum())
+                o["kl_fp32_sum"] += float(m["kl0"].sum())
+                o["kl_fp16_sum"] += float(m["kl1"].sum())
+                o["top1_fp32"] += int(m["top1_0"].sum())
+                o["top1_fp16"] += int(m["top1_1"].sum())
+                o["correct"] += int((m["argmax"] == targets[s:e].numpy()).sum())
     return out
