@@ -256,3 +256,12 @@ def test_vllm_skip_layers_pages_and_padding():
     assert bf16 < skip < fp8 and "--kv-cache-dtype-skip-layers sliding_window" in f.rows[1].engine_note
     pair = fleet.plan(g, g.name, "H100", 32768, dtypes=["q8_0/q4_0"], engine="vllm").rows[0]
     assert pair.requests == 0 and "one --kv-cache-dtype for K and V" in pair.engine_note
+
+
+def test_a_plan_that_does_not_fit_at_its_tp_names_the_tp_that_would():
+    g = models.load_model("Qwen3-32B")
+    f = fleet.plan(g, g.name, "A100-80GB", 32768, n_gpus=2, dtypes=["bf16", "fp8_e4m3"])
+    assert f.rows[0].requests == 0 and f.rows[1].requests > 0
+    assert "bf16: no request of 32,768 tokens fits at --tp 1; --tp 2 splits" in " ".join(f.warnings)
+    wide = fleet.plan(g, g.name, "A100-80GB", 32768, n_gpus=2, tp=2, dtypes=["bf16"])
+    assert wide.rows[0].requests > 0 and not any("--tp 2 splits" in w for w in wide.warnings)

@@ -94,6 +94,14 @@ class Fleet:
         return d
 
 
+def _tp_ok(g: Geometry, tp: int) -> bool:
+    try:
+        vllm.check_tp(g, tp)
+    except ValueError:
+        return False
+    return True
+
+
 def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_gpus: int = 1, tp: int = 1,
          utilization: float = 0.9, concurrency: int | None = None, dtypes: list[str] | None = None,
          reserve_gib: float = RESERVE_GIB, accuracy_csv: str | Path | None = None, *, engine: str = "none",
@@ -189,6 +197,12 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
     elif not any(r.fits for r in rows):
         warnings.append(f"does not fit: no KV format holds one request of {context:,} tokens in "
                         f"{budget_gpu * tp:.2f} GiB per replica")
+    short = [r.spec for r in rows if not r.fits]
+    if short and n_gpus > tp:
+        wider = [t for t in range(tp + 1, n_gpus + 1) if n_gpus % t == 0 and _tp_ok(g, t)]
+        if wider:
+            warnings.append(f"{', '.join(short)}: no request of {context:,} tokens fits at --tp {tp}; --tp "
+                            f"{wider[0]} splits the weights and the cache over {wider[0]} of the {n_gpus} GPUs")
     if bw:
         dnote = (f"decode speed is an estimate, not a measurement: memory traffic (weights once per step, each "
                  f"request's KV at its format's bytes) over {bw:g} TB/s x {efficiency:g}, a quantized cache's reads "
