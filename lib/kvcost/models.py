@@ -19,6 +19,7 @@ __all__ = [
     "POST_MODELS",
     "answers",
     "check_models",
+    "config_name",
     "list_models",
     "load_model",
     "model_record",
@@ -107,6 +108,25 @@ def naive_geometry(name: str) -> tuple[int, int, int]:
     return load_model(name).naive
 
 
+def config_name(path: str | os.PathLike[str]) -> str:
+    """What a config path's model is called: the config's own ``_name_or_path`` (what transformers writes
+    when it saves one), the ``owner/name`` of a Hugging Face cache folder (``models--owner--name/snapshots/
+    <hash>/config.json``), else the path as given -- never a folder's name, which in a download cache is a
+    commit hash."""
+    path = Path(path)
+    cfg = path / "config.json" if path.is_dir() else path
+    try:
+        own = json.loads(cfg.read_text(encoding="utf-8")).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        own = None
+    if isinstance(own, str) and own.strip() and not Path(own).is_absolute():
+        return own.strip()
+    for part in cfg.resolve().parts:
+        if part.startswith("models--") and part.count("--") >= 2:
+            return "/".join(part.split("--")[1:])
+    return str(path)
+
+
 def resolve(target: str) -> Geometry:
     """A model's geometry from a registry name, a Hugging Face repo id listed there, or a config path.
 
@@ -118,7 +138,7 @@ def resolve(target: str) -> Geometry:
         raise ValueError(f"MODEL must be a model name or a path to config.json, got {target!r}")
     path = Path(target)
     if path.is_file() or path.is_dir():
-        return from_hf_config(path, name=path.parent.name if path.is_file() else path.name)
+        return from_hf_config(path, name=config_name(path))
     try:
         rec = model_record(target)
     except ValueError:
@@ -159,8 +179,9 @@ def answers(name: str) -> dict[str, Any]:
         why_not = ""
     except ValueError as err:
         kind = rec["config"].get("model_type")
-        counted, why_not = None, (f"kvcost does not count {kind} weights from a config" if "model_type" in str(err)
-                                  else str(err))
+        text = str(err)
+        counted, why_not = None, (f"kvcost does not count {kind} weights from a config" if "'model_type'" in text
+                                  else text.split("; give")[0])
     q = p.get("quantized") if cited and isinstance(p.get("quantized"), dict) else None
     if cited:
         how = "counted from the config" if counted == p["total"] else "as cited"
