@@ -677,3 +677,56 @@ def test_chunked_window_metrics_equal_the_whole_matrix():
     assert realmodel.window_tokens(list(range(100)), 0, 30) == list(range(30))
     with pytest.raises(ValueError, match="'window'"):
         realmodel.window_tokens(list(range(100)), 3, 30)
+
+
+@pytest.mark.skipif(not realmodel.available("gemma3-270m"), reason="Gemma 3 270M is not installed (make real-model)")
+def test_gemma_banded_attention_gives_the_stock_logits():
+    """Gemma 3 270M loaded by name: 15 sliding and 3 global layers, one KV head of 256 channels; with its window
+    narrowed to 24 tokens (so that 80 tokens reach past it) the banded attention gives stock transformers'
+    logits to float32 rounding, and the cache hook stores K/V per layer (q4_0 moves the logits, fp32 not)."""
+    import torch
+
+    from kvcost import realattention
+
+    model, tok = realmodel.load("gemma3-270m", 2)
+    kinds = realmodel.layer_types(model)
+    assert [i for i, k in enumerate(kinds) if k == "full"] == [5, 11, 17] and len(kinds) == 18
+    assert (model.config.num_key_value_heads, model.config.head_dim) == (1, 256)
+    model.config.sliding_window = 24
+    for layer in model.model.layers:
+        if layer.self_attn.is_sliding:
+            layer.self_attn.sliding_window = 24
+    text = "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be " * 3
+    ids = realmodel.window_tokens(tok(text, add_special_tokens=False)["input_ids"], 0, 80, tok.bos_token_id)
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        stock = model(x, use_cache=False).logits[0]
+        attn = realattention.register(model)
+        seen = []
+        band = model(x, past_key_values=realmodel.StoredCache("fp32", record=lambda i, k, v: seen.append(k.shape),
+                                                               model=model), use_cache=True).logits[0]
+        q4 = model(x, past_key_values=realmodel.StoredCache("q4_0", model=model), use_cache=True).logits[0]
+    assert attn.calls["sliding"] == 2 * 15 and attn.calls["full"] == 2 * 3
+    assert float((band - stock).abs().max()) <= 2.0 ** -14 * float(stock.abs().max())
+    assert torch.equal(band.argmax(-1), stock.argmax(-1))
+    assert len(seen) == 18 and seen[0] == (1, 1, 80, 256)
+    assert float((q4 - band).abs().max()) > 1e-3
+
+
+def test_structure_by_layer_type_on_synthetic_rows():
+    heads = pd.DataFrame({"layer": [0, 1, 5], "kv_head": 0, "layer_type": ["sliding", "sliding", "full"],
+                          **{f"{s}_max_channel_ratio": [2.0, 6.0, 9.0] for s in ("k_pre", "k_norm", "k_post")},
+                          **{f"{s}_persistent_channels": [0, 1, 2] for s in ("k_pre", "k_norm", "k_post")},
+                          "v_outlier_tokens": [0, 0, 3], "v_max_token_ratio": [2.0, 3.0, 8.0], "rho": [0.1, 0.3, 0.5]})
+    queries = pd.DataFrame({"layer": [0, 0, 1, 5, 5], "head": [0, 1, 0, 0, 1],
+                            "layer_type": ["sliding"] * 3 + ["full"] * 2, "score_spread": [1.0, 2.0, 3.0, 4.0, 6.0],
+                            "sink_share": [np.nan] * 3 + [0.5, 0.7], "top_weight": 0.4})
+    t = real.structure_by_layer_type(heads, queries).set_index("layer_type")
+    assert list(t.index) == ["full", "sliding"] and t.loc["sliding", "layers"] == "0 1"
+    assert t.loc["sliding", "k_norm_persistent_heads"] == 1 and t.loc["full", "k_post_max_ratio_median"] == 9.0
+    assert math.isnan(t.loc["sliding", "sink_share_median"]) and t.loc["full", "sink_share_median"] == 0.6
+    assert t.loc["full", "v_outlier_heads"] == 1 and t.loc["sliding", "score_spread_median"] == 2.0
+    smol = real.structure_by_layer_type(heads.drop(columns=["layer_type", "k_norm_max_channel_ratio",
+                                                            "k_norm_persistent_channels"]),
+                                        queries.drop(columns="layer_type"))
+    assert list(smol["layer_type"]) == ["full"] and "k_norm_persistent_heads" not in smol

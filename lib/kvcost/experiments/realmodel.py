@@ -30,7 +30,8 @@ from ..provenance import checked
 from ..storage.spec import CacheSpec, parse_spec
 
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
-           "fast_vs_faithful_summary", "format_table", "head_summary", "layout_comparison", "live_slice",
+           "fast_vs_faithful_summary", "format_table", "head_summary", "structure_by_layer_type",
+           "layout_comparison", "live_slice",
            "llamacpp_comparison", "collapse_table",
            "unit_rederivation", "frac_bits_of", "load_provenance", "load_windows", "passkey_pivot",
            "passkey_table", "storage_retrieval"]
@@ -393,6 +394,34 @@ def head_summary(heads: pd.DataFrame, queries: pd.DataFrame) -> pd.DataFrame:
          f"{int((queries['sink_share'] >= 0.5).sum())} of {len(queries)}"),
     ]
     return pd.DataFrame(rows, columns=["measure", "value"])
+
+
+def structure_by_layer_type(heads: pd.DataFrame, queries: pd.DataFrame) -> pd.DataFrame:
+    """A decoder's K/V structure per attention type (Gemma 3's extract: ``layer_type`` sliding or full; a
+    decoder without the column counts as all ``full``): one row per type with ``layers``, ``kv_heads``, for
+    each K stage in the extract (``k_pre``: k_proj's output; ``k_norm``: after QK-norm; ``k_post``: after
+    RoPE) the KV heads with a persistent outlier channel (ratio >= 4) and the median largest channel ratio,
+    V's outlier-token heads and largest token-norm ratio, median rho, and over the query heads the median
+    score spread, the median sink share (weight on token 0, only where the window reaches it: NaN for a
+    sliding layer past its window) and the median top weight."""
+    h = heads if "layer_type" in heads else heads.assign(layer_type="full")
+    q = queries if "layer_type" in queries else queries.assign(layer_type="full")
+    stages = [s for s in ("k_pre", "k_norm", "k_post") if f"{s}_max_channel_ratio" in h]
+    rows = []
+    for kind, g in h.groupby("layer_type", sort=True):
+        qq = q[q["layer_type"] == kind]
+        row = {"layer_type": kind, "layers": " ".join(map(str, sorted(g["layer"].unique()))), "kv_heads": len(g)}
+        for s in stages:
+            row[f"{s}_persistent_heads"] = int((g[f"{s}_persistent_channels"] > 0).sum())
+            row[f"{s}_max_ratio_median"] = float(g[f"{s}_max_channel_ratio"].median())
+        row.update({"v_outlier_heads": int((g["v_outlier_tokens"] > 0).sum()),
+                    "v_max_token_ratio": float(g["v_max_token_ratio"].max()), "rho_median": float(g["rho"].median()),
+                    "score_spread_median": float(qq["score_spread"].median()),
+                    "sink_share_median": float(qq["sink_share"].median()) if qq["sink_share"].notna().any()
+                    else math.nan,
+                    "top_weight_median": float(qq["top_weight"].median())})
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def live_slice(path: str | Path | None = None, formats: tuple[str, ...] = STORE_FORMATS_NUMPY,
