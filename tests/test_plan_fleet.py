@@ -45,8 +45,12 @@ def test_gemma2_non_embedding_count_is_the_reports():
 def test_every_record_says_what_it_answers():
     rows = {n: models.answers(n) for n in models.list_models()}
     lacking = sorted(n for n, a in rows.items() if not a["weights"])
-    assert lacking == ["Nemotron-3-Nano-30B-A3B", "Nemotron-H-8B", "Qwen3-Next-80B-A3B"]
-    assert all("--params N" in rows[n]["answers"] and "does not count" in rows[n]["answers"] for n in lacking)
+    assert lacking == ["Nemotron-3-Nano-30B-A3B", "Qwen3-Next-80B-A3B"]
+    assert all("--params N" in rows[n]["answers"] for n in lacking)
+    assert "not its MoE (E) layers" in rows["Nemotron-3-Nano-30B-A3B"]["answers"]
+    assert "does not count qwen3_next weights" in rows["Qwen3-Next-80B-A3B"]["answers"]
+    h = parameter_counts(models.model_record("Nemotron-H-8B")["config"])    # 24 Mamba-2, 4 attention, 24 MLP
+    assert (h["total"], h["mamba"], h["dense_mlp"]) == (8_100_852_736, 24 * 109_635_968, 24 * 2 * 4096 * 21504)
     assert "linear layers in fp8_e4m3" in rows["DeepSeek-V3"]["answers"]
     v3 = weights.model_weights("DeepSeek-V3")
     assert v3.bytes == -(-669_065_734_144 * 8.001953125 // 8) + (671_026_419_200 - 669_065_734_144) * 2

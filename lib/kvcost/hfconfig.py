@@ -432,7 +432,7 @@ def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike[str], name: str | 
 #: Model types whose weights :func:`parameter_counts` can count from the config alone: decoder-only
 #: transformers with RMSNorm, SwiGLU MLPs (or MoE experts of them) and untied or tied embeddings.
 PARAM_COUNT_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss", "gemma2",
-                     "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "falcon", "jamba")
+                     "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "falcon", "jamba", "nemotron_h")
 
 
 def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, int]:
@@ -452,7 +452,10 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
     checkpoint, its SigLIP vision tower and projector under ``vision``; Falcon counts its fused QKV
     (multi-query or grouped), a 4 x hidden MLP and LayerNorms with biases, embeddings tied; Jamba counts
     its Mamba layers — in/out projections, the causal conv, x/dt projections, A and D, the inner norms —
-    between attention layers every ``attn_layer_period``, experts every ``expert_layer_period``);
+    between attention layers every ``attn_layer_period``, experts every ``expert_layer_period``;
+    Nemotron-H reads ``hybrid_override_pattern`` — ``M`` a Mamba-2 mixer (in_proj to z, x, B, C and dt,
+    the causal conv with its bias, dt bias, A, D, the gated norm, out_proj), ``*`` attention, ``-`` a
+    squared-ReLU MLP of two matrices — each behind one RMSNorm; a pattern with MoE (``E``) is refused);
     another type, or a missing ``vocab_size`` /
     ``intermediate_size``, raises ValueError naming it (give the count with ``--params`` or the bytes with
     ``--weights-gib`` instead).
@@ -463,6 +466,9 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
     if model_type not in PARAM_COUNT_TYPES:
         raise ValueError(f"config key {prefix}'model_type' {model_type!r}: kvcost counts parameters from the "
                          f"config only for {', '.join(PARAM_COUNT_TYPES)}; give --params N or --weights-gib X")
+    if model_type == "nemotron_h" and "E" in str(text.get("hybrid_override_pattern", "")):
+        raise ValueError(f"config key {prefix}'hybrid_override_pattern': kvcost counts Nemotron-H's Mamba, attention "
+                         f"and MLP layers, not its MoE (E) layers; give --params N or --weights-gib X")
     layers = _req_int(text, ["num_hidden_layers"], prefix)
     hidden = _req_int(text, ["hidden_size"], prefix)
     heads = _req_int(text, ["num_attention_heads"], prefix)
@@ -481,6 +487,8 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
         return _falcon_counts(text, prefix, layers, hidden, heads, kv, hd, vocab, tied)
     if model_type == "jamba":
         return _jamba_counts(text, prefix, layers, hidden, heads, kv, hd, vocab, inter, tied)
+    if model_type == "nemotron_h":
+        return _nemotron_h_counts(text, prefix, layers, hidden, heads, kv, vocab, inter, tied)
     gpt_oss = model_type == "gpt_oss"
     qkv_bias = gpt_oss or model_type == "qwen2" or bool(text.get("attention_bias"))
     q, k = heads * hd, kv * hd
@@ -597,3 +605,32 @@ def _siglip_counts(vision: Mapping[str, Any], text_hidden: int) -> int:
     layer = 4 * (h * h + h) + (h * ff + ff) + (ff * h + h) + 2 * 2 * h
     embed = channels * patch * patch * h + h + (image // patch) ** 2 * h
     return n * layer + embed + 2 * h + h * text_hidden + h
+
+
+def _nemotron_h_counts(text: Mapping[str, Any], prefix: str, layers: int, hidden: int, heads: int, kv: int,
+                       vocab: int, inter: int, tied: bool) -> dict[str, int]:
+    """Nemotron-H: Mamba-2, attention and MLP layers as ``hybrid_override_pattern`` lays them out."""
+    pattern = text.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or len(pattern) != layers or set(pattern) - set("M*-"):
+        raise ValueError(f"config key {prefix}'hybrid_override_pattern' must be {layers} characters of M, * and - "
+                         f"(kvcost does not count MoE patterns), got {pattern!r}")
+    hd = _opt_int(text, ["attention_head_dim", "head_dim"], prefix) or hidden // heads
+    m_heads = _req_int(text, ["mamba_num_heads"], prefix)
+    m_hd = _req_int(text, ["mamba_head_dim"], prefix)
+    groups = _req_int(text, ["n_groups"], prefix)
+    d_state = _req_int(text, ["ssm_state_size"], prefix)
+    d_conv = _req_int(text, ["conv_kernel"], prefix)
+    d_inner = m_heads * m_hd
+    conv_dim = d_inner + 2 * groups * d_state
+    bias = bool(text.get("use_bias", text.get("mamba_proj_bias", False)))
+    mamba = (hidden * (d_inner + conv_dim + m_heads) + ((d_inner + conv_dim + m_heads) if bias else 0)
+             + conv_dim * d_conv + (conv_dim if text.get("use_conv_bias", True) else 0)
+             + 3 * m_heads + d_inner                                       # dt_bias, A_log, D; the gated norm
+             + d_inner * hidden + (hidden if bias else 0))
+    attn = hidden * heads * hd + 2 * hidden * kv * hd + heads * hd * hidden
+    mlp = 2 * hidden * inter                                               # up and down, squared ReLU
+    out = {"embedding": vocab * hidden * (1 if tied else 2), "attention": pattern.count("*") * attn,
+           "mamba": pattern.count("M") * mamba, "dense_mlp": pattern.count("-") * mlp, "experts": 0, "router": 0,
+           "norms": layers * hidden + hidden}
+    out["total"] = sum(out.values())
+    return out
