@@ -55,9 +55,11 @@ def test_first_cell_after_parameters_validates_with_the_schema(path):
     first = "".join(code[1]["source"])
     assert f'p = notebook_params.validate("{path.stem}", globals())' in first
     names = set(notebook_params.get(path.stem).names)
-    for cell in code[1:]:        # no cell rebinds a parameter (assignment, loop or with target)
-        bound = {node.id for node in ast.walk(ast.parse("".join(cell["source"])))
-                 if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    for cell in code[1:]:        # no cell rebinds a parameter (assignment, loop or with target, or an import)
+        tree = ast.parse("".join(cell["source"]))
+        bound = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+        bound |= {(a.asname or a.name).split(".")[0] for node in ast.walk(tree)
+                  if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
         assert not bound & names, f"a cell rebinds {sorted(bound & names)}"
 
 
