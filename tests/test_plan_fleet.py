@@ -167,6 +167,9 @@ def test_kernel_factors_come_from_the_published_slopes():
     skip = decode.estimate(moe, weights.model_weights("gpt-oss-20b"), "fp8_e4m3;skip=sliding_window", 8192, 1,
                            3.35, card=H100)
     assert 1 > skip.kv_factor > f["Hopper", "fp8_e4m3"].factor    # the bf16 sliding layers read at bf16's rate
+    mla = decode.estimate(models.load_model("DeepSeek-V3"), weights.model_weights("DeepSeek-V3"), "fp8_e4m3", 8192,
+                          1, 4.8, card=gpus.gpu("H200"))                 # FA3's factor is not FlashMLA's
+    assert mla.kv_factor == 1.0 and "fp8_e4m3 MLA attention kernel on Hopper: bytes only" in mla.kv_factor_source
 
 
 def test_accuracy_says_what_it_rests_on():

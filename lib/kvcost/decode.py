@@ -150,13 +150,18 @@ def estimate(g: Geometry, w: Weights, spec: str | CacheSpec, context: int, batch
         raise ValueError(f"--efficiency must be in (0, 1], got {efficiency!r}")
     sp = parse_spec(spec, param="dtypes")
     rows = layer_breakdown(g, context, sp)
-    factors: dict[str, KernelFactor | None] = {}
+    # the factors were measured on GQA attention (FlashAttention-3 / FlashInfer): MLA latents read through
+    # another kernel (FlashMLA and the like), for which nothing is published here
+    factors: dict[tuple[str, str], KernelFactor | None] = {}
     for r in rows:
+        attn = "mla" if r["kind"] == MLA else "gqa"
         for name in (r["k_format"], r["v_format"]):
-            if name not in factors:
-                factors[name] = kernel_factor(card, name) if card is not None else None
-    missing = [n for n, kf in factors.items() if kf is None and not _is_float(n)]
-    quantized = [kf for n, kf in factors.items() if kf is not None and not _is_float(n)]
+            if (attn, name) not in factors:
+                factors[attn, name] = (kernel_factor(card, name) if card is not None and (attn == "gqa"
+                                       or _is_float(name)) else None)
+    missing = list(dict.fromkeys(f"{n}{' MLA' if a == 'mla' else ''}" for (a, n), kf in factors.items()
+                                 if kf is None and not _is_float(n)))
+    quantized = list(dict.fromkeys(kf for (_, n), kf in factors.items() if kf is not None and not _is_float(n)))
     if card is None:
         fsrc = "no GPU named: bytes only"
     elif missing:
@@ -165,16 +170,17 @@ def estimate(g: Geometry, w: Weights, spec: str | CacheSpec, context: int, batch
     else:
         fsrc = "; ".join(kf.source for kf in quantized) or "bf16/fp16: the reference"
 
-    def f_of(name: str) -> float:
-        kf = factors.get(name)
+    def f_of(r: dict[str, Any], name: str) -> float:
+        kf = factors.get(("mla" if r["kind"] == MLA else "gqa", name))
         return kf.factor if kf is not None else 1.0
 
-    # KV bytes at bf16's speed: each layer group's K and V (or MLA latent) over its format's factor
-    kv_eff = float(sum(r["k_bytes"] / f_of(r["k_format"]) + (r["v_bytes"] / f_of(r["v_format"]))
-                       + r["latent_bytes"] / f_of(r["k_format"]) for r in rows))
-    growth = float(sum((r["k_bytes"] / f_of(r["k_format"]) + r["v_bytes"] / f_of(r["v_format"])
-                        + r["latent_bytes"] / f_of(r["k_format"])) / r["tokens"]
-                       for r in layer_breakdown(g, 1, sp) if r["kind"] in (FULL, MLA)))
+    def eff_bytes(r: dict[str, Any]) -> float:
+        """A layer group's K and V (or MLA latent) bytes at bf16's read rate."""
+        return float(r["k_bytes"] / f_of(r, r["k_format"]) + r["v_bytes"] / f_of(r, r["v_format"])
+                     + r["latent_bytes"] / f_of(r, r["k_format"]))
+
+    kv_eff = sum(eff_bytes(r) for r in rows)
+    growth = sum(eff_bytes(r) / r["tokens"] for r in layer_breakdown(g, 1, sp) if r["kind"] in (FULL, MLA))
     kv_raw = float(sum(r["k_bytes"] + r["v_bytes"] + r["latent_bytes"] for r in rows))
     factor = kv_raw / kv_eff if kv_eff else 1.0
     touched = 1.0
