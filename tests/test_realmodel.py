@@ -730,3 +730,25 @@ def test_structure_by_layer_type_on_synthetic_rows():
                                                             "k_norm_persistent_channels"]),
                                         queries.drop(columns="layer_type"))
     assert list(smol["layer_type"]) == ["full"] and "k_norm_persistent_heads" not in smol
+
+
+def test_committed_gemma_structure():
+    """Gemma 3 270M's committed extract (2,048 tokens of the novel, BOS first): 3 global layers of 18; QK-norm's
+    per-channel gain makes K's outlier channels larger, not smaller (largest channel-RMS ratio after the norm
+    above k_proj's in every layer), and after RoPE every KV head keeps a persistent outlier channel;
+    V has no outlier token; the global layers' query heads put a median 0.32 of their weight on BOS."""
+    from kvcost.provenance import checked
+
+    folder = repo_root() / real.DATA / "gemma3_270m"
+    heads = pd.read_csv(checked(folder / "head_stats.csv"))
+    queries = pd.read_csv(checked(folder / "query_stats.csv"))
+    assert list(heads.loc[heads["layer_type"] == "full", "layer"]) == [5, 11, 17] and len(heads) == 18
+    assert (heads["k_norm_max_channel_ratio"] > heads["k_pre_max_channel_ratio"]).all()
+    assert (heads["k_post_persistent_channels"] > 0).all() and (heads["v_outlier_tokens"] == 0).all()
+    t = real.structure_by_layer_type(heads, queries).set_index("layer_type")
+    assert t.loc["full", "k_norm_max_ratio_median"] > 30 and t.loc["sliding", "k_pre_max_ratio_median"] < 7
+    assert t.loc["full", "sink_share_median"] == pytest.approx(0.3225, abs=1e-3)
+    assert math.isnan(t.loc["sliding", "sink_share_median"])
+    prov = real.load_provenance("gemma3_270m/gemma3_270m_kv.json")
+    assert prov["gguf_sha256"] == realmodel.decoder("gemma3-270m").sha256 and prov["layers"] == [0, 5, 6, 17]
+    assert prov["layer_types"].count("full") == 3 and "Gemma Terms of Use" in prov["terms"]
