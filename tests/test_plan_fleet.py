@@ -272,3 +272,15 @@ def test_a_plan_that_does_not_fit_at_its_tp_names_the_tp_that_would():
     assert "bf16: no request of 32,768 tokens fits at --tp 1; --tp 2 splits" in " ".join(f.warnings)
     wide = fleet.plan(g, g.name, "A100-80GB", 32768, n_gpus=2, tp=2, dtypes=["bf16"])
     assert wide.rows[0].requests > 0 and not any("--tp 2 splits" in w for w in wide.warnings)
+
+
+def test_vllm_pages_a_hybrid_models_recurrent_state():
+    g = models.load_model("Jamba-v0.1")            # Mamba-1: d_inner 8192 x state 16, conv 8192 x 3, in bf16
+    v = vllm.plan(g, 20.0, max_model_len=32768)
+    state = (8192 * 16 + 8192 * 3) * 2
+    assert state == 311_296 and v.block_sizes[0] == 16 * -(-state // (16 * 4096)) == 80     # 4,096 B a token
+    assert v.page_bytes == 80 * 4096 and v.groups == ("full", *["mamba"] * 7) and v.group_size == 4
+    assert v.num_blocks == 20 * GIB // (80 * 4096) // 4 and v.blocks_per_request == -(-32768 // 80) + 7
+    assert v.kv_tokens == v.num_blocks // 8 * 80 and "padding the state's page by 5.26%" in " ".join(v.warnings)
+    q = vllm.plan(models.load_model("Qwen3-Next-80B-A3B"), 20.0, max_model_len=32768)
+    assert q.block_sizes[0] == 544                                                    # Gated DeltaNet's state

@@ -91,7 +91,7 @@ def vllm_capacity(g: Geometry, sp: CacheSpec, budget_gib: float, tp: int, contex
     return Capacity(v.kv_tokens, int(v.max_concurrency), longest,
                     f"vLLM --kv-cache-dtype {name}{skip_text}: {v.num_blocks:,} blocks of {block_size}, groups "
                     f"{'+'.join(v.groups)}{sizes}, {v.blocks_per_request:,} blocks per request"
-                    + "".join(f"; {w}" for w in v.warnings if "pages" in w))
+                    + "".join(f"; {w}" for w in v.warnings if "pages" in w or "block size" in w))
 
 
 def llamacpp_capacity(g: Geometry, sp: CacheSpec, budget_bytes: int, context: int, swa_full: bool) -> Capacity:

@@ -19,6 +19,11 @@ Rules (vLLM ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/v1/kv_cache_interface.
   concurrency for max_model_len tokens per request: num_blocks / blocks one request needs``, a
   full group needing ``cdiv(max_model_len, block_size)`` blocks and a sliding group
   ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block_size) + 1``.
+- Recurrent-state layers (Mamba, Gated DeltaNet) of a hybrid model are a group of their own whose page
+  holds one layer's state (conv window in bf16, SSM state in ``mamba_ssm_cache_dtype``): the attention
+  block grows to ``16 x cdiv(state page, 16 x attention page of one token)`` tokens and the state's page
+  is padded to the attention page (``HybridAttentionMambaModelConfig``, vllm/model_executor/models/config.py
+  at commit 0144dd5b0d2d9ef9ac2651a3ab6efa83d0497ea9); a request needs one state block per group.
 - Layers kept in another dtype (``--kv-cache-dtype-skip-layers``, e.g. sliding-window layers in bf16
   while the rest are fp8) have pages of another size (:func:`plan`): one attention type makes one group
   whose block holds every layer's page; a hybrid model's smaller pages get proportionally more tokens
@@ -37,7 +42,7 @@ from . import formats
 from .hfconfig import FULL, MLA, SLIDING, Geometry
 from .units import GIB
 
-__all__ = ["CACHE_DTYPES", "VllmPlan", "check_tp", "page_bytes", "plan"]
+__all__ = ["CACHE_DTYPES", "MAMBA_GROUP", "VllmPlan", "check_tp", "page_bytes", "plan"]
 
 #: --kv-cache-dtype -> the kvcost format it stores (``auto``: the model dtype, taken as bf16; ``fp8_ds_mla``:
 #: vLLM's 656-byte MLA layout, no format). The names are kvcost.formats.ENGINES["vllm"]'s.
@@ -121,6 +126,22 @@ def check_tp(g: Geometry, tp: int) -> None:
                          f"evenly over {tp} ranks (vLLM needs {g.kv_heads} % tp == 0 or tp % {g.kv_heads} == 0)")
 
 
+#: The group kind of recurrent-state (Mamba / linear-attention) layers in vLLM's hybrid allocator.
+MAMBA_GROUP = "mamba"
+
+
+def _state_page(g: Geometry, tp: int) -> int | None:
+    """Bytes of one layer's recurrent state on one rank, as vLLM's ``MambaSpec`` pages it: the conv window in
+    the model dtype (bf16), the SSM / delta-rule state in ``mamba_ssm_cache_dtype`` (bf16 by default), heads
+    and channels split over ``tp``; 0 without state layers, None when the config does not size them."""
+    if not g.state_layers:
+        return 0
+    if g.state is None:
+        return None
+    ssm = formats.get(g.state_dtype or "bf16").bytes_per_value()
+    return int(_cdiv(int(g.state.conv_values * 2 + g.state.ssm_values * ssm), tp))
+
+
 def _layer_specs(g: Geometry, kv_cache_dtype: str, skip_layers: tuple[str, ...],
                  skip_dtype: str) -> list[tuple[str, str]]:
     """(attention kind, --kv-cache-dtype) of every KV layer, the skipped ones in ``skip_dtype``."""
@@ -174,22 +195,39 @@ def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, m
                         f"{g.max_position_embeddings:,} of {g.name} (vLLM refuses it unless allowed explicitly)")
     if g.kv_heads < tp and not g.count(MLA):
         warnings.append(f"{g.kv_heads} KV heads over TP {tp}: each rank keeps a replica of one KV head")
-    if g.state_layers:
-        warnings.append(f"{g.name} has {g.state_layers} Mamba / linear-attention layers: vLLM pads attention pages "
-                        f"to the state's page size, which is not modelled here (tokens are an upper bound)")
     layers = _layer_specs(g, kv_cache_dtype, tuple(skip_layers), skip_dtype)
     if not layers:
         raise ValueError(f"{g.name} has no attention layers: vLLM keeps no KV cache for it")
+    mamba_page = _state_page(g, tp)
+    if g.state_layers and mamba_page is None:
+        warnings.append(f"{g.name} has {g.state_layers} Mamba / linear-attention layers whose state the config does "
+                        f"not size: vLLM's page alignment to it is not modelled (tokens are an upper bound)")
+    elif mamba_page:
+        # HybridAttentionMambaModelConfig: the attention block grows (in steps of 16 tokens) until a page holds
+        # one layer's recurrent state; the state's page is then padded to the attention page
+        per_token = page_bytes(g, 1, tp, kv_cache_dtype)
+        need = 16 * _cdiv(mamba_page, 16 * per_token)
+        if block_size < need:
+            pad = 100 * (need * per_token - mamba_page) / mamba_page
+            warnings.append(f"vLLM sets the attention block size to {need} tokens so that a page holds one of the "
+                            f"{g.state_layers} recurrent-state layers' {mamba_page:,}-byte state (asked: "
+                            f"{block_size}), padding the state's page by {pad:.2f}%")
+            block_size = need
     specs: dict[tuple[str, str], int] = {}
     for spec in sorted(layers, key=lambda ks: (FULL, MLA, SLIDING).index(ks[0])):   # full groups first
         specs[spec] = specs.get(spec, 0) + 1
     pages = {spec: page_bytes(g, block_size, tp, spec[1]) for spec in specs}
-    mixed = len({dt for _, dt in specs}) > 1
+    if mamba_page:
+        specs[MAMBA_GROUP, "state"] = g.state_layers
+        pages[MAMBA_GROUP, "state"] = max(pages.values())              # padded to the attention page
+    mixed = len({dt for kind, dt in specs if kind != MAMBA_GROUP}) > 1
 
     def label(spec: tuple[str, str]) -> str:
-        return f"{spec[0]}:{spec[1]}" if mixed else spec[0]
+        return f"{spec[0]}:{spec[1]}" if mixed and spec[0] != MAMBA_GROUP else spec[0]
 
     def blocks_needed(kind: str, bs: int) -> int:
+        if kind == MAMBA_GROUP:
+            return 1                            # one state per request (no prefix caching of states)
         if kind == SLIDING:
             assert g.window is not None
             return _cdiv(min(g.window - 1 + max_num_batched_tokens, max_model_len), bs) + 1
@@ -208,7 +246,9 @@ def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, m
         page = max(pages.values())
         bs_of: dict[tuple[str, str], int] = {}
         for spec, pg in pages.items():
-            if page % pg == 0:
+            if spec[0] == MAMBA_GROUP:
+                bs_of[spec] = max_model_len     # MambaSpec's block_size: the state covers the whole request
+            elif page % pg == 0:
                 bs_of[spec] = block_size * (page // pg)
             else:
                 bs_of[spec] = block_size
@@ -223,7 +263,7 @@ def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, m
                 groups.append(label(spec))
                 block_sizes.append(bs_of[spec])
         num_blocks = max(0, kv_memory_bytes // page // group_size)
-        kv_tokens = num_blocks // len(groups) * min(block_sizes)
+        kv_tokens = num_blocks // len(groups) * min(block_sizes)   # _report_kv_cache_config: the smallest block
         per_request = sum(blocks_needed(grp.split(":")[0], bs) for grp, bs in zip(groups, block_sizes))
     concurrency = num_blocks / per_request
     if concurrency < 1:
