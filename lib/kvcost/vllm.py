@@ -169,8 +169,9 @@ def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, m
     ``UniformTypeKVCacheSpecs``), or unifies the pages of a hybrid model (``unify_kv_cache_spec_page_size``):
     a layer whose page divides the largest gets ``largest / page`` x the block size (more tokens per block,
     the same bytes); one that does not is refused there (NotImplementedError) — newer vLLM pads it to the
-    largest page for backends that index pages by their stride (modelled here as that padding, with a
-    warning).
+    largest page for backends that index pages by their stride (``indexes_kv_by_block_stride``, read only in
+    a third-party annotated copy of a newer kv_cache_utils.py; vLLM PR #42345's "LCM page padding" was not
+    read first-hand), modelled here as that padding, with a warning.
     """
     for name, value in (("--tp", tp), ("--block-size", block_size),
                         ("--max-num-batched-tokens", max_num_batched_tokens)):
@@ -254,7 +255,8 @@ def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, m
                 bs_of[spec] = block_size
                 warnings.append(f"{label(spec)} pages ({pg:,} bytes) do not divide the largest ({page:,}): vLLM at "
                                 f"commit 001cabc refuses the model (NotImplementedError); newer vLLM pads them to "
-                                f"{page:,} bytes where the backend indexes pages by their stride, as counted here")
+                                f"{page:,} bytes where the backend indexes pages by their stride (second-hand: "
+                                f"an annotated copy of newer vLLM), as counted here")
         lo, hi = min(specs.values()), max(specs.values())
         group_size = hi if len(specs) == 1 or hi < 1.5 * lo else lo
         groups, block_sizes = [], []
