@@ -432,7 +432,8 @@ def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike[str], name: str | 
 #: Model types whose weights :func:`parameter_counts` can count from the config alone: decoder-only
 #: transformers with RMSNorm, SwiGLU MLPs (or MoE experts of them) and untied or tied embeddings.
 PARAM_COUNT_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss", "gemma2",
-                     "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "falcon", "jamba", "nemotron_h")
+                     "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "falcon", "jamba", "nemotron_h",
+                     "qwen3_next")
 
 
 def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, int]:
@@ -455,7 +456,11 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
     between attention layers every ``attn_layer_period``, experts every ``expert_layer_period``;
     Nemotron-H reads ``hybrid_override_pattern`` — ``M`` a Mamba-2 mixer (in_proj to z, x, B, C and dt,
     the causal conv with its bias, dt bias, A, D, the gated norm, out_proj), ``*`` attention, ``-`` a
-    squared-ReLU MLP of two matrices — each behind one RMSNorm; a pattern with MoE (``E``) is refused);
+    squared-ReLU MLP of two matrices — each behind one RMSNorm; a pattern with MoE (``E``) is refused;
+    Qwen3-Next counts gated attention (q_proj twice as wide: query and output gate; q/k norms) every
+    ``full_attention_interval`` layers, Gated DeltaNet in the others (in_proj_qkvz, in_proj_ba, the conv,
+    dt bias and A per value head, the gated norm, out_proj) and MoE with a gated shared expert in every
+    layer; its multi-token-prediction layer is not counted);
     another type, or a missing ``vocab_size`` /
     ``intermediate_size``, raises ValueError naming it (give the count with ``--params`` or the bytes with
     ``--weights-gib`` instead).
@@ -475,8 +480,8 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
     kv, _ = _kv_heads(text, heads, prefix)
     hd = _head_dim(text, heads, prefix)
     vocab = _req_int(text, ["vocab_size"], prefix)
-    inter = (_opt_int(text, ["intermediate_size"], prefix) or 0) if model_type == "falcon" else \
-        _req_int(text, ["intermediate_size"], prefix)          # Falcon: ffn_hidden_size, default 4 x hidden
+    inter = (_opt_int(text, ["intermediate_size"], prefix) or 0) if model_type in ("falcon", "qwen3_next") else \
+        _req_int(text, ["intermediate_size"], prefix)          # Falcon: ffn_hidden_size; Qwen3-Next: all MoE
     n_exp = _opt_int(text, ["num_local_experts", "num_experts"], prefix) or 0
     moe_inter = _opt_int(text, ["moe_intermediate_size"], prefix) or inter
     gemma = model_type in ("gemma2", "gemma3", "gemma3_text")
@@ -489,6 +494,8 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
         return _jamba_counts(text, prefix, layers, hidden, heads, kv, hd, vocab, inter, tied)
     if model_type == "nemotron_h":
         return _nemotron_h_counts(text, prefix, layers, hidden, heads, kv, vocab, inter, tied)
+    if model_type == "qwen3_next":
+        return _qwen3_next_counts(text, prefix, layers, hidden, heads, kv, hd, vocab, tied)
     gpt_oss = model_type == "gpt_oss"
     qkv_bias = gpt_oss or model_type == "qwen2" or bool(text.get("attention_bias"))
     q, k = heads * hd, kv * hd
@@ -632,5 +639,34 @@ def _nemotron_h_counts(text: Mapping[str, Any], prefix: str, layers: int, hidden
     out = {"embedding": vocab * hidden * (1 if tied else 2), "attention": pattern.count("*") * attn,
            "mamba": pattern.count("M") * mamba, "dense_mlp": pattern.count("-") * mlp, "experts": 0, "router": 0,
            "norms": layers * hidden + hidden}
+    out["total"] = sum(out.values())
+    return out
+
+
+def _qwen3_next_counts(text: Mapping[str, Any], prefix: str, layers: int, hidden: int, heads: int, kv: int,
+                       hd: int, vocab: int, tied: bool) -> dict[str, int]:
+    """Qwen3-Next: gated attention every ``full_attention_interval`` layers, Gated DeltaNet between, MoE with a
+    gated shared expert in every layer."""
+    interval = _req_int(text, ["full_attention_interval"], prefix)
+    n_full = sum(1 for i in range(layers) if (i + 1) % interval == 0)
+    nk = _req_int(text, ["linear_num_key_heads"], prefix)
+    nv = _req_int(text, ["linear_num_value_heads"], prefix)
+    dk = _req_int(text, ["linear_key_head_dim"], prefix)
+    dv = _req_int(text, ["linear_value_head_dim"], prefix)
+    kernel = _req_int(text, ["linear_conv_kernel_dim"], prefix)
+    n_exp = _req_int(text, ["num_experts"], prefix)
+    moe_inter = _req_int(text, ["moe_intermediate_size"], prefix)
+    shared = _opt_int(text, ["shared_expert_intermediate_size"], prefix) or 0
+    gate = 2 if text.get("attn_output_gate", True) else 1
+    attn = hidden * heads * hd * gate + 2 * hidden * kv * hd + heads * hd * hidden + 2 * hd
+    key_dim, value_dim = nk * dk, nv * dv
+    delta = (hidden * (2 * key_dim + 2 * value_dim) + hidden * 2 * nv      # in_proj_qkvz, in_proj_ba
+             + (2 * key_dim + value_dim) * kernel + 2 * nv + dv            # conv (no bias), dt_bias and A_log, norm
+             + value_dim * hidden)                                         # out_proj
+    out = {"embedding": vocab * hidden * (1 if tied else 2), "attention": n_full * attn,
+           "linear_attention": (layers - n_full) * delta,
+           "dense_mlp": layers * (3 * hidden * shared + (hidden if shared else 0)),   # shared expert and its gate
+           "experts": layers * n_exp * 3 * hidden * moe_inter, "router": layers * hidden * n_exp,
+           "norms": layers * 2 * hidden + hidden}
     out["total"] = sum(out.values())
     return out
