@@ -752,3 +752,24 @@ def test_committed_gemma_structure():
     prov = real.load_provenance("gemma3_270m/gemma3_270m_kv.json")
     assert prov["gguf_sha256"] == realmodel.decoder("gemma3-270m").sha256 and prov["layers"] == [0, 5, 6, 17]
     assert prov["layer_types"].count("full") == 3 and "Gemma Terms of Use" in prov["terms"]
+
+
+def test_fa3_attention_leaves_sliding_layers_exact():
+    """Gemma's sliding-window layers through the passkey's attention function: exact banded attention whether
+    the FP8 emulation is active or not (it acts on the global layers only)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from kvcost import realattention
+
+    class Module:
+        layer_idx = 0
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, h, 90, 16, generator=g) for h in (4, 1, 1))
+    attn = pk.FA3Attention()
+    ref = realattention.masked_attention(q, k, v, 20, 0.25).transpose(1, 2)
+    for active in (False, True):
+        attn.active = active
+        out, _ = attn(Module(), q, k, v, None, scaling=0.25, sliding_window=20)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+    assert (attn.calls, attn.sliding_calls) == (0, 2)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import realmodel
+from .. import realattention, realmodel
 from ..numerics import fa3
 
 __all__ = ["HAYSTACK", "KEYS", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention", "run_trial"]
@@ -124,7 +124,10 @@ def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
 
 
 class FA3Attention:
-    """A transformers attention function: kvcost.fa3.attend while ``active``, else SDPA.
+    """A transformers attention function: kvcost.fa3.attend while ``active``, else SDPA; a sliding-window
+    layer (a call with ``sliding_window`` shorter than its keys: Gemma 3's 15 of 18) always through the exact
+    banded attention (:func:`kvcost.realattention.banded_attention`), so that the FP8 emulation acts on the
+    global layers only (counted in ``calls``; the sliding ones in ``sliding_calls``).
 
     Register it (:meth:`register`) and switch ``active`` / ``options`` between forward passes.
     K and V are stored in e4m3 (the kernel's cache) once per layer and reused while the cache
@@ -138,6 +141,7 @@ class FA3Attention:
         self.active = False
         self.options: dict[str, Any] = {}
         self.calls = 0
+        self.sliding_calls = 0
         self._stored: dict[int, tuple[np.ndarray, ...]] = {}
 
     def stored_kv(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -159,6 +163,13 @@ class FA3Attention:
         import torch
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        window = kwargs.pop("sliding_window", None)
+        if window is not None and window < key.shape[2]:
+            # a sliding-window layer (Gemma 3's): exact banded attention, emulated or not — transformers
+            # builds no mask for a custom attention name, and the FP8 emulation has no window
+            self.sliding_calls += 1
+            out = realattention.banded_attention(query, key, value, int(window), scaling or query.shape[-1] ** -0.5)
+            return out.transpose(1, 2).contiguous(), None
         if not self.active:
             n_q, n_k = query.shape[2], key.shape[2]
             if attention_mask is None and 1 < n_q < n_k:
