@@ -29,7 +29,7 @@ def test_parameter_counts_reproduce_the_cited_totals(name):
     ("Mixtral-8x7B-v0.1", 46_702_792_704, "46.7B"), ("Qwen3-30B-A3B", 30_532_122_624, "30.5B"),
     ("Qwen2.5-7B-Instruct", 7_615_616_512, "7.61B"), ("Jamba-v0.1", 51_570_323_328, "51.57B"),
     ("Gemma-3-27B", 27_432_406_640, "27.4B"), ("Phi-3-mini-4k-instruct", 3_821_079_552, "3.8B"),
-    ("Qwen3-Next-80B-A3B", 79_674_391_296, "80B")])
+    ("Qwen3-Next-80B-A3B", 79_674_391_296, "80B"), ("Nemotron-3-Nano-30B-A3B", 31_577_940_288, "31.6B")])
 def test_counted_totals_agree_with_the_published_figures(name, total, printed):
     rec = models.model_record(name)
     assert rec["parameters"]["total"] == total and printed in rec["parameters"]["source"]
@@ -46,8 +46,9 @@ def test_gemma2_non_embedding_count_is_the_reports():
 def test_every_record_says_what_it_answers():
     rows = {n: models.answers(n) for n in models.list_models()}
     lacking = sorted(n for n, a in rows.items() if not a["weights"])
-    assert lacking == ["Nemotron-3-Nano-30B-A3B"]
-    assert "--params N" in rows[lacking[0]]["answers"] and "not its MoE (E) layers" in rows[lacking[0]]["answers"]
+    assert lacking == []                                          # every registry record sizes its weights
+    nano = parameter_counts(models.model_record("Nemotron-3-Nano-30B-A3B")["config"])
+    assert (nano["total"], nano["experts"]) == (31_577_940_288, 23 * 128 * 2 * 2688 * 1856)   # MoE of relu2 MLPs
     n = parameter_counts(models.model_record("Qwen3-Next-80B-A3B")["config"])
     assert n["total"] == 79_674_391_296 and n["linear_attention"] == 36 * 33_718_464        # Gated DeltaNet layers
     h = parameter_counts(models.model_record("Nemotron-H-8B")["config"])    # 24 Mamba-2, 4 attention, 24 MLP
@@ -78,10 +79,10 @@ def test_weights_from_flags_index_and_config(tmp_path):
     cfg = dict(models.model_record("Llama-3.1-8B")["config"], torch_dtype="bfloat16")
     assert weights.model_weights(cfg=cfg).bytes == 2 * 8_030_261_248
     with pytest.raises(ValueError, match="--params N"):
-        weights.model_weights("Nemotron-3-Nano-30B-A3B")
+        weights.model_weights("no-such-model")
     with pytest.raises(ValueError, match="--weights-dtype"):
         weights.model_weights(params=10, weights_dtype="int3")
-    assert models.answers("Nemotron-3-Nano-30B-A3B")["weights"] is False and models.answers("Qwen3-32B")["weights"]
+    assert models.answers("Qwen3-32B")["weights"] and models.answers("Nemotron-3-Nano-30B-A3B")["weights"]
 
 
 def test_gpu_catalogue_aliases_bandwidth_and_native_formats():

@@ -456,7 +456,8 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
     between attention layers every ``attn_layer_period``, experts every ``expert_layer_period``;
     Nemotron-H reads ``hybrid_override_pattern`` — ``M`` a Mamba-2 mixer (in_proj to z, x, B, C and dt,
     the causal conv with its bias, dt bias, A, D, the gated norm, out_proj), ``*`` attention, ``-`` a
-    squared-ReLU MLP of two matrices — each behind one RMSNorm; a pattern with MoE (``E``) is refused;
+    squared-ReLU MLP of two matrices, ``E`` a MoE layer of such MLPs (``n_routed_experts`` routed, one shared
+    of ``moe_shared_expert_intermediate_size``, a router with its correction bias) — each behind one RMSNorm;
     Qwen3-Next counts gated attention (q_proj twice as wide: query and output gate; q/k norms) every
     ``full_attention_interval`` layers, Gated DeltaNet in the others (in_proj_qkvz, in_proj_ba, the conv,
     dt bias and A per value head, the gated norm, out_proj) and MoE with a gated shared expert in every
@@ -471,16 +472,14 @@ def parameter_counts(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[st
     if model_type not in PARAM_COUNT_TYPES:
         raise ValueError(f"config key {prefix}'model_type' {model_type!r}: kvcost counts parameters from the "
                          f"config only for {', '.join(PARAM_COUNT_TYPES)}; give --params N or --weights-gib X")
-    if model_type == "nemotron_h" and "E" in str(text.get("hybrid_override_pattern", "")):
-        raise ValueError(f"config key {prefix}'hybrid_override_pattern': kvcost counts Nemotron-H's Mamba, attention "
-                         f"and MLP layers, not its MoE (E) layers; give --params N or --weights-gib X")
     layers = _req_int(text, ["num_hidden_layers"], prefix)
     hidden = _req_int(text, ["hidden_size"], prefix)
     heads = _req_int(text, ["num_attention_heads"], prefix)
     kv, _ = _kv_heads(text, heads, prefix)
     hd = _head_dim(text, heads, prefix)
     vocab = _req_int(text, ["vocab_size"], prefix)
-    inter = (_opt_int(text, ["intermediate_size"], prefix) or 0) if model_type in ("falcon", "qwen3_next") else \
+    inter = (_opt_int(text, ["intermediate_size"], prefix) or 0) if model_type in ("falcon", "qwen3_next",
+                                                                                   "nemotron_h") else \
         _req_int(text, ["intermediate_size"], prefix)          # Falcon: ffn_hidden_size; Qwen3-Next: all MoE
     n_exp = _opt_int(text, ["num_local_experts", "num_experts"], prefix) or 0
     moe_inter = _opt_int(text, ["moe_intermediate_size"], prefix) or inter
@@ -618,9 +617,9 @@ def _nemotron_h_counts(text: Mapping[str, Any], prefix: str, layers: int, hidden
                        vocab: int, inter: int, tied: bool) -> dict[str, int]:
     """Nemotron-H: Mamba-2, attention and MLP layers as ``hybrid_override_pattern`` lays them out."""
     pattern = text.get("hybrid_override_pattern")
-    if not isinstance(pattern, str) or len(pattern) != layers or set(pattern) - set("M*-"):
-        raise ValueError(f"config key {prefix}'hybrid_override_pattern' must be {layers} characters of M, * and - "
-                         f"(kvcost does not count MoE patterns), got {pattern!r}")
+    if not isinstance(pattern, str) or len(pattern) != layers or set(pattern) - set("M*-E"):
+        raise ValueError(f"config key {prefix}'hybrid_override_pattern' must be {layers} characters of M, *, - and E, "
+                         f"got {pattern!r}")
     hd = _opt_int(text, ["attention_head_dim", "head_dim"], prefix) or hidden // heads
     m_heads = _req_int(text, ["mamba_num_heads"], prefix)
     m_hd = _req_int(text, ["mamba_head_dim"], prefix)
@@ -635,10 +634,17 @@ def _nemotron_h_counts(text: Mapping[str, Any], prefix: str, layers: int, hidden
              + 3 * m_heads + d_inner                                       # dt_bias, A_log, D; the gated norm
              + d_inner * hidden + (hidden if bias else 0))
     attn = hidden * heads * hd + 2 * hidden * kv * hd + heads * hd * hidden
-    mlp = 2 * hidden * inter                                               # up and down, squared ReLU
+    n_moe = pattern.count("E")
+    mlp = 2 * hidden * (inter if pattern.count("-") else 0)                # up and down, squared ReLU
+    experts = router = shared = 0
+    if n_moe:
+        n_exp = _req_int(text, ["n_routed_experts"], prefix)
+        experts = n_moe * n_exp * 2 * hidden * _req_int(text, ["moe_intermediate_size"], prefix)
+        shared = n_moe * 2 * hidden * (_opt_int(text, ["moe_shared_expert_intermediate_size"], prefix) or 0)
+        router = n_moe * (hidden * n_exp + n_exp)                          # the gate and its correction bias
     out = {"embedding": vocab * hidden * (1 if tied else 2), "attention": pattern.count("*") * attn,
-           "mamba": pattern.count("M") * mamba, "dense_mlp": pattern.count("-") * mlp, "experts": 0, "router": 0,
-           "norms": layers * hidden + hidden}
+           "mamba": pattern.count("M") * mamba, "dense_mlp": pattern.count("-") * mlp + shared, "experts": experts,
+           "router": router, "norms": layers * hidden + hidden}
     out["total"] = sum(out.values())
     return out
 

@@ -159,6 +159,6 @@ def model_weights(model: str | None = None, cfg: Any = None, params: int | None 
             return w
     if raw is not None:
         return _from_config(raw, weights_dtype)
-    name = rec["name"] if rec else model
-    raise ValueError(f"the weights of {name!r} cannot be sized: its record has no cited parameter count; give "
+    why = "its record has no cited parameter count" if rec else "kvcost has no record or config of it"
+    raise ValueError(f"the weights of {rec['name'] if rec else model!r} cannot be sized: {why}; give "
                      f"--params N [--weights-dtype T] or --weights-gib X")
