@@ -155,3 +155,97 @@ def test_pct_table_shows_relative_errors_without_noise_digits():
     shown = claims_lr.pct_table(df, ["rel_l2"])
     assert list(shown["rel_l2"]) == ["32%", "0.11%", "< 0.0001%"]
     assert list(shown["head"]) == ["a", "b", "c"] and df["rel_l2"].iloc[0] == 0.32
+
+
+# ------------------------------------------------------------------ the retrieval measure (issue 22)
+@pytest.fixture(scope="module")
+def qheads():
+    return lr.query_heads()
+
+
+def test_every_query_head_of_the_extract_with_its_real_profile(qheads):
+    assert len(qheads) == 45 and len({h.label for h in qheads}) == 45        # 5 layers x 9 query heads
+    assert {h.kv_head for h in qheads} == {0, 1, 2}
+    t = lr.query_table(qheads)
+    assert (t["sink_share"] > 0.5).sum() >= 5 and (t["sink_share"] < 0.01).sum() >= 10   # sinks, and heads without
+    assert (t["recent_share"] > 0.5).sum() >= 10                                        # recency
+    with pytest.raises(ValueError, match="'source'"):
+        lr.query_heads("minilm")
+
+
+def test_real_haystack_holds_the_real_shares_and_is_deterministic(qheads):
+    h = qheads[30]                                     # layer 20: a sink head
+    a, b = lr.real_haystack(h, 4096, 0.05, 1), lr.real_haystack(h, 4096, 0.05, 1)
+    assert np.array_equal(a.k, b.k) and np.array_equal(a.v, b.v)
+    w = h.weights(1)
+    p = int(h.q_pos[1])
+    assert abs(a.parts["sink"] - w[0] * 0.95) < 0.02                 # the real row's sink share (needle aside)
+    assert abs(a.parts["recent"] - w[p + 1 - lr.RECENT:].sum() * 0.95) < 0.02
+    assert abs(a.weight - 0.05) < 0.01
+    assert lr.carried(a, a.ref, a.ref_off) == {"carried": 1.0, "off_axis": 0.0, "kept": True}
+    with pytest.raises(ValueError, match="'n'"):
+        lr.real_haystack(h, 100, 0.05, 0)
+
+
+def test_known_cases_removed_needle_is_gone_and_shrunk_haystack_keeps_it(qheads):
+    x = lr.real_haystack(qheads[0], 4096, 0.05, 0)
+    k = lr.known_cases(x, gain=0.5).set_index("case")
+    assert k.loc["exact attention", "carried"] == pytest.approx(1.0) and k.loc["exact attention", "kept"]
+    assert k.loc["needle removed", "carried"] == 0.0 and not k.loc["needle removed", "kept"]
+    shrunk = k.loc["haystack shrunk to 0.5, needle intact"]
+    assert shrunk["carried"] == pytest.approx(1.0) and shrunk["kept"] and shrunk["gain"] < 0.6
+    assert abs(shrunk["share"] - 1) > 0.2            # the old measure mixes the shrinkage in
+    quarter = k.loc["needle's contribution cut to a quarter"]
+    assert quarter["carried"] == pytest.approx(0.25) and not quarter["kept"]
+
+
+def test_retrieval_grid_reference_carries_the_needle_and_cells_are_checked(qheads):
+    g = lr.retrieval_grid(qheads[:2], 4096, 1, 0.05, 0, [("Hopper", "no fix"), ("Hopper", lr.REFERENCE)])
+    assert len(g) == 4 and set(g["arch"]) == {"Hopper"}
+    ref = g[g["fix"] == lr.REFERENCE]
+    assert (ref["carried"] - 1).abs().max() < 0.02 and ref["kept"].all() and (ref["rel_l2"] < 0.01).all()
+    assert lr.cell_kwargs("CDNA3", "no fix")["qk"] == "fp32" and "qk" not in lr.cell_kwargs("Hopper", "no fix")
+    assert lr.cell_kwargs("Hopper", "PR #104 every tile")["flush_every"] == 1
+    with pytest.raises(ValueError, match="'arch'"):
+        lr.cell_kwargs("Volta", "no fix")
+    with pytest.raises(ValueError, match="'fix'"):
+        lr.cell_kwargs("Hopper", "PR #1")
+
+
+def _ret(kept_by_head: dict[str, list[bool]], gain: float, arch: str = "Hopper", fix: str = "no fix") -> list[dict]:
+    return [{"head": h, "trial": t, "arch": arch, "fix": fix, "n_tokens": 131072, "kept": k, "gain": gain + 0.01 * t,
+             "carried": 0.9 if k else 0.1, "share_within_2x": k} for h, ks in kept_by_head.items()
+            for t, k in enumerate(ks)]
+
+
+def test_loss_verdicts_name_the_loss_on_known_tables():
+    heads = [f"h{i}" for i in range(20)]
+    rows = _ret({h: [True] * 3 for h in heads}, 1.0, fix=lr.REFERENCE)
+    rows += _ret({h: [True] * 3 for h in heads}, 0.7)                                   # shrinks, keeps
+    rows += _ret({h: [i % 2 == 0] * 3 for i, h in enumerate(heads)}, 1.0, arch="Ada Lovelace")   # loses, no shrink
+    lv = claims.loss_verdicts(pd.DataFrame(rows)).set_index(["arch", "fix"])
+    assert lv.loc[("Hopper", "no fix"), "verdict"] == "haystack shrinkage, no needle loss detected"
+    assert "loss rates above" in lv.loc[("Hopper", "no fix"), "text"]
+    assert lv.loc[("Ada Lovelace", "no fix"), "verdict"] == "needle loss"
+    # half the heads lose every needle: the clustered interval counts heads, not haystacks
+    assert lv.loc[("Ada Lovelace", "no fix"), "kept_hi"] - lv.loc[("Ada Lovelace", "no fix"), "kept_lo"] > 0.35
+    assert lv.loc[("Hopper", lr.REFERENCE), "verdict"] == "neither detected"
+    t = claims.threshold_table(pd.DataFrame(rows))
+    assert "old: share within 2x" in t.columns and len(t) == 3
+
+
+def test_committed_retrieval_checks_sha256_and_covers_every_head(tmp_path, qheads):
+    got = lr.committed_retrieval({"n_tokens": 131072, "needle_weight": 0.05, "seed": 0})
+    assert got is not None
+    df, prov = got
+    assert df["head"].nunique() == 45 and set(map(tuple, prov["cells"])) == set(lr.RETRIEVAL_CELLS)
+    assert len(df) == 45 * prov["parameters"]["trials"] * len(lr.RETRIEVAL_CELLS)
+    assert lr.committed_retrieval({"n_tokens": 65536}) is None
+    for name in ("retrieval.csv", "retrieval.json"):
+        (tmp_path / name).write_bytes((paths.repo_root() / lr.NEEDLE_DIR / name).read_bytes())
+    with open(tmp_path / "retrieval.csv", "a") as fh:
+        fh.write("tampered\n")
+    with pytest.raises(ValueError, match="sha256"):
+        lr.committed_retrieval(folder=str(tmp_path))
+    n, diff, same = lr.retrieval_difference(df, df.copy())
+    assert n == len(df) and diff == 0.0 and same
