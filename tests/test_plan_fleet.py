@@ -271,9 +271,20 @@ def test_a_plan_that_does_not_fit_at_its_tp_names_the_tp_that_would():
     g = models.load_model("Qwen3-32B")
     f = fleet.plan(g, g.name, "A100-80GB", 32768, n_gpus=2, dtypes=["bf16", "fp8_e4m3"])
     assert f.rows[0].requests == 0 and f.rows[1].requests > 0
-    assert "bf16: no request of 32,768 tokens fits at --tp 1; --tp 2 splits" in " ".join(f.warnings)
+    assert "bf16: no request of 32,768 tokens fits at --tp 1; at --tp 2 (weights and cache split over 2 of the 2 " \
+           "GPUs) bf16 holds one" in " ".join(f.warnings)
     wide = fleet.plan(g, g.name, "A100-80GB", 32768, n_gpus=2, tp=2, dtypes=["bf16"])
-    assert wide.rows[0].requests > 0 and not any("--tp 2 splits" in w for w in wide.warnings)
+    assert wide.rows[0].requests > 0 and not any("no request" in w for w in wide.warnings)
+    # the --tp named is the smallest at which a request fits, not the next divisor: DeepSeek-V3's 627 GiB of
+    # weights fit 8 x H200 at --tp 8 only
+    ds = models.load_model("DeepSeek-V3")
+    big = fleet.plan(ds, ds.name, "H200", 32768, n_gpus=8, dtypes=["fp8_e4m3"])
+    [hint] = [w for w in big.warnings if "no request" in w]
+    assert "at --tp 8 (weights and cache split over 8 of the 8 GPUs) fp8_e4m3 holds one" in hint
+    assert fleet.plan(ds, ds.name, "H200", 32768, n_gpus=8, tp=8, dtypes=["fp8_e4m3"]).rows[0].requests > 0
+    small = models.load_model("Llama-3.1-70B")
+    none = fleet.plan(small, small.name, "H100", 131072, n_gpus=2, dtypes=["bf16"])
+    assert "bf16: no request of 131,072 tokens fits at any --tp up to 2" in " ".join(none.warnings)
 
 
 def test_vllm_pages_a_hybrid_models_recurrent_state():

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from . import formats, llamacpp, vllm
-from .capacity import ENGINES, bytes_capacity, llamacpp_capacity, vllm_capacity
+from .capacity import ENGINES, Capacity, bytes_capacity, llamacpp_capacity, vllm_capacity
 from .decode import DEFAULT_EFFICIENCY, estimate
 from .evidence import accuracy_evidence
 from .gpus import GPU, gpu, kernel_support
 from .hfconfig import MLA, SLIDING, Geometry
 from .sizing import check_context, kv_bytes_per_token
-from .storage.spec import parse_spec
+from .storage.spec import CacheSpec, parse_spec
 from .units import GIB
 from .weights import Weights, model_weights
 
@@ -152,11 +152,23 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
         warnings.append(f"{g.kv_heads} KV heads over --tp {tp}: each rank keeps a replica of one KV head, so each "
                         f"GPU holds 1/{g.kv_heads} of the cache, not 1/{tp} (weights split {tp} ways)")
     bw = card.bandwidth_tbs
-    rows = []
+
+    def capacity_at(sp: CacheSpec, t: int) -> Capacity | None:
+        """The engine's capacity of one replica of ``t`` GPUs (None where the weights leave no KV budget)."""
+        per_gpu = card.total_gib * utilization - w.gib / t - reserve_gib
+        if per_gpu <= 0:
+            return None
+        if engine == "vllm":
+            return vllm_capacity(g, sp, per_gpu, t, context, block_size, max_num_batched_tokens)
+        if engine == "llama.cpp":
+            return llamacpp_capacity(g, sp, int(per_gpu * t * GIB), context, swa_full)
+        return bytes_capacity(g, sp, per_gpu * t, context)
+
+    rows, parsed = [], {}
     for spec in dtypes or DEFAULT_DTYPES:
         sp = parse_spec(spec, param="dtypes")
+        parsed[sp.label] = sp
         kf, vf = formats.get(sp.k), formats.get(sp.v)
-        budget_replica = max(0.0, budget_gpu) * tp
         row_warn: list[str] = []
         if sp.k in llamacpp.GGML_TYPES.values() and sp.v in llamacpp.GGML_TYPES.values() and engine != "vllm":
             try:
@@ -168,14 +180,7 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
         if why:
             row_warn.append(why)
         per_token = kv_bytes_per_token(g, sp)
-        if budget_gpu <= 0:
-            cap_r = None
-        elif engine == "vllm":
-            cap_r = vllm_capacity(g, sp, budget_gpu, tp, context, block_size, max_num_batched_tokens)
-        elif engine == "llama.cpp":
-            cap_r = llamacpp_capacity(g, sp, int(budget_replica * GIB), context, swa_full)
-        else:
-            cap_r = bytes_capacity(g, sp, budget_replica, context)
+        cap_r = capacity_at(sp, tp)
         tokens, req = (cap_r.kv_tokens * replicas, cap_r.requests * replicas) if cap_r else (0, 0)
         mc = cap_r.longest_context if cap_r else 0
         note = cap_r.note if cap_r else ""
@@ -199,10 +204,17 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
                         f"{budget_gpu * tp:.2f} GiB per replica")
     short = [r.spec for r in rows if not r.fits]
     if short and n_gpus > tp:
-        wider = [t for t in range(tp + 1, n_gpus + 1) if n_gpus % t == 0 and _tp_ok(g, t)]
-        if wider:
-            warnings.append(f"{', '.join(short)}: no request of {context:,} tokens fits at --tp {tp}; --tp "
-                            f"{wider[0]} splits the weights and the cache over {wider[0]} of the {n_gpus} GPUs")
+        # the smallest --tp over these GPUs at which one of them holds a request (weights and cache split t ways)
+        specs = {r.spec: parsed[r.spec] for r in rows if not r.fits}
+        for t in (t for t in range(tp + 1, n_gpus + 1) if n_gpus % t == 0 and _tp_ok(g, t)):
+            held = [label for label, sp in specs.items() if (c := capacity_at(sp, t)) is not None and c.requests > 0]
+            if held:
+                warnings.append(f"{', '.join(short)}: no request of {context:,} tokens fits at --tp {tp}; at --tp {t} "
+                                f"(weights and cache split over {t} of the {n_gpus} GPUs) {', '.join(held)} "
+                                f"hold{'s' if len(held) == 1 else ''} one")
+                break
+        else:
+            warnings.append(f"{', '.join(short)}: no request of {context:,} tokens fits at any --tp up to {n_gpus}")
     if bw:
         dnote = (f"decode speed is an estimate, not a measurement: memory traffic (weights once per step, each "
                  f"request's KV at its format's bytes) over {bw:g} TB/s x {efficiency:g}, a quantized cache's reads "
