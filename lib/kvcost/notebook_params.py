@@ -133,6 +133,11 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
             doc="retrieval rates at the longest context from data/long_range (20 haystacks per head, the "
             "run's own haystacks recomputed live as a check) or from this run's haystacks only"),
         StrList("fixes", list(long_range.FIXES), choices=list(long_range.FIXES)),
+        Str("retrieval_source", "committed", choices=["committed", "live"],
+            doc="the carried-weight retrieval run over every query head of SmolLM2's extract: from "
+            "data/long_range/retrieval.csv (live_heads of its haystacks recomputed as a check) or run live"),
+        Int("live_heads", 3, lo=1, hi=45, doc="query heads (spread over the extract's layers) run live"),
+        Int("live_trials", 1, lo=1, hi=100, doc="haystacks per query head in a live retrieval run"),
         Int("where_n", 131072, lo=64, hi=2**21, doc="context of the where-is-the-loss and kernel-knob runs"),
         IntList("splits", [1, 2, 8], lo=1, hi=64),
         IntList("block_sizes", [96, 128, 192, 224], lo=32, hi=512),
