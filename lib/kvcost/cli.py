@@ -202,7 +202,9 @@ def _format_fleet(f: fleet.Fleet) -> str:
              f"utilization {f.utilization:g}",
              f"weights {f.weights_gib:.2f} GiB ({f.weights_source})",
              f"reserve {f.reserve_gib:g} GiB per GPU for activations and workspace; KV budget "
-             f"{f.kv_budget_gib_per_gpu:.2f} GiB per GPU",
+             + (f"{f.kv_budget_gib_per_gpu:.2f} GiB per GPU" if f.kv_budget_gib_per_gpu > 0 else
+                f"none (weights and reserve exceed {f.utilization:g} x the GPU's memory by "
+                f"{-f.kv_budget_gib_per_gpu:.2f} GiB)"),
              f"requests: {engine}", f.decode_note, "",
              f"{'K/V format':<30} {'bits':>5} {'KiB/token':>10} {'tokens':>12} {'requests':>9} "
              f"{'longest ctx':>12} {'kernel':>9} {'KV read':>7} {'batch':>6} {'ITL ms':>8} {'tok/s/req':>9} "
