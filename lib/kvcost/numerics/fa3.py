@@ -102,11 +102,16 @@ def unit_for(arch: str) -> Unit:
     return get(arch, _UNITS[arch]["instr"])
 
 
-def _unit_args(arch: str, frac_bits: Any, rounding: str, name: str = "frac_bits") -> tuple:
+def _unit(arch: str, instr: str | None = None) -> Unit:
+    """arch's attention unit, or the instruction ``instr`` of arch (a kernel whose P·V is not FP8)."""
+    return unit_for(arch) if instr is None else get(arch, instr)
+
+
+def _unit_args(arch: str, frac_bits: Any, rounding: str, name: str = "frac_bits", instr: str | None = None) -> tuple:
     """(scheme, group, fb, fb2, nearest, okind, om, oemin, ofmax, cmin, zw) of arch's attention unit;
     ``frac_bits`` (when not None) narrows or widens the kept fraction bits, and the register with them
     (e8m{frac_bits}, truncated; CDNA3 keeps F2 - F more bits where the dot meets the accumulator)."""
-    u = unit_for(arch)
+    u = _unit(arch, instr)
     if rounding not in ("toward_zero", "nearest"):
         raise ValueError(f"parameter 'rounding' must be one of ['toward_zero', 'nearest'], got {rounding!r}")
     fb = u.frac_bits if frac_bits is None else _pos_int(name, frac_bits)
@@ -121,10 +126,10 @@ def _unit_args(arch: str, frac_bits: Any, rounding: str, name: str = "frac_bits"
             float(np.finfo(np.float32).max), 2.0 ** -126, zw)
 
 
-def _operand_emin(x: np.ndarray, arch: str, which: str) -> int:
+def _operand_emin(x: np.ndarray, arch: str, which: str, instr: str | None = None) -> int:
     """The exponent a stored operand aligns by on arch's unit: its FP8 type's smallest normal when every
     value is of that type, else a bf16/fp32 operand's (-126)."""
-    t = unit_for(arch).b_type if which == "b" else unit_for(arch).a_type
+    t = _unit(arch, instr).b_type if which == "b" else _unit(arch, instr).a_type
     if t == "e4m3":
         return OPERAND_TYPES[t][1] if all_e4m3(x) else -126
     dt = getattr(ml_dtypes, OPERAND_TYPES[t][0])
@@ -150,7 +155,7 @@ def _pos_int(name: str, value: Any, lo: int = 1, none_ok: bool = False) -> int:
 
 
 def _common(p_format: str, accumulator: str, flush_every: Any, block_n: Any, max_offset: Any, splits: Any,
-            frac_bits: Any, l_accumulator: str, rounding: str, arch: str) -> tuple:
+            frac_bits: Any, l_accumulator: str, rounding: str, arch: str, instr: str | None = None) -> tuple:
     _choice("p_format", p_format, P_FORMATS)
     _choice("accumulator", accumulator, ACCUMULATORS)
     _choice("l_accumulator", l_accumulator, L_ACCUMULATORS)
@@ -160,11 +165,31 @@ def _common(p_format: str, accumulator: str, flush_every: Any, block_n: Any, max
     if mo > 16:
         raise ValueError(f"parameter 'max_offset' must be an integer between 0 and 16, got {max_offset!r}")
     sp = _pos_int("splits", splits)
-    targs = _unit_args(arch, frac_bits, rounding)
+    targs = _unit_args(arch, frac_bits, rounding, instr=instr)
     pk = _PK[p_format]
-    if pk == 0 and unit_for(arch).a_type == "fp8":
+    if pk == 0 and _unit(arch, instr).a_type == "fp8":
         pk = 4                              # the GPU's e4m3 is e4m3fnuz (CDNA3)
     return (pk, _AK[accumulator], 0 if l_accumulator == "fp32" else 1, flush, bn, float(mo), sp, targs)
+
+
+def _extra(rescale_threshold: Any, p_scale: Any) -> tuple[float, float]:
+    """The compiled kernel's (thr, pscale): FA4's stale-max threshold and CK's scale_p (0: none)."""
+    return (_nonneg_float("rescale_threshold", rescale_threshold),
+            0.0 if p_scale is None else _pos_float("p_scale", p_scale))
+
+
+def _nonneg_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
+            not (math.isfinite(value) and 0 <= value <= 16):
+        raise ValueError(f"parameter {name!r} must be a number between 0 and 16, got {value!r}")
+    return float(value)
+
+
+def _pos_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
+            not (math.isfinite(value) and 0 < value <= 65536):
+        raise ValueError(f"parameter {name!r} must be a number in (0, 65536] (or None), got {value!r}")
+    return float(np.float32(value))
 
 
 def _values(x: Any, name: str, ndim: int) -> np.ndarray:
@@ -180,7 +205,8 @@ def _values(x: Any, name: str, ndim: int) -> np.ndarray:
 def attend_row(scores: Any, v: Any, *, p_format: str = "e4m3", accumulator: str = "tensorcore",
                flush_every: int | None = None, block_n: int = 96, max_offset: int = 8, splits: int = 1,
                frac_bits: int | None = None, l_accumulator: str = "fp32", rounding: str = "toward_zero",
-               arch: str = "Hopper") -> np.ndarray:
+               arch: str = "Hopper", rescale_threshold: float = 0.0, p_scale: float | None = None,
+               instr: str | None = None) -> np.ndarray:
     """FlashAttention-3's FP8 forward pass for one query row (see the module docstring).
 
     ``scores`` (n,): already scaled, natural-log units (rounded to fp32 here); ``v`` (n, d):
@@ -191,10 +217,16 @@ def attend_row(scores: Any, v: Any, *, p_format: str = "e4m3", accumulator: str 
     the GPU whose FP8 unit runs P·V (:func:`unit_for`, bit for bit MMA-Sim); ``frac_bits``, when given,
     overrides the unit's kept fraction bits (the register narrowed on purpose, e8m{frac_bits}). Extra,
     to take the kernel apart: ``l_accumulator="exact"`` and ``accumulator="exact"`` sum in float64,
-    ``rounding="nearest"`` cuts the tensor-core terms to nearest. Returns (d,) float64.
+    ``rounding="nearest"`` cuts the tensor-core terms to nearest. Kernels other than FA3 (defaults: FA3's):
+    ``rescale_threshold`` > 0 keeps the running max stale while a block raises it by at most that many log2
+    units (FA4 on Blackwell), ``p_scale`` multiplies P by that number before the cast, the row sum counting
+    the unscaled P (composable_kernel's ``scale_p``; use with ``max_offset=0``), and ``instr`` runs P·V on
+    that instruction of ``arch`` (e.g. ``"m64n8k16.f32.bf16.bf16"``: a kernel that stores FP8 and
+    multiplies in bf16) instead of :func:`unit_for`'s. Returns (d,) float64.
     """
     pk, ak, lk, flush, bn, mo, sp, targs = _common(p_format, accumulator, flush_every, block_n, max_offset,
-                                                   splits, frac_bits, l_accumulator, rounding, arch)
+                                                   splits, frac_bits, l_accumulator, rounding, arch, instr)
+    extra = _extra(rescale_threshold, p_scale)
     s = _values(scores, "scores", 1)
     vv = _values(v, "v", 2)
     if vv.shape[0] != s.shape[0] or s.shape[0] < 1:
@@ -207,11 +239,11 @@ def attend_row(scores: Any, v: Any, *, p_format: str = "e4m3", accumulator: str 
     pv32 = lanes32(pk, ak, targs[0], targs[2], targs[4], targs[5]) and all_e4m3(vv)
     if pv32:
         vv = np.ascontiguousarray(vv, dtype=np.float32)
-    vw = weights_nb(vv, _operand_emin(vv, arch, "b"))
+    vw = weights_nb(vv, _operand_emin(vv, arch, "b", instr))
     row(s32, vv, vw, 0, s32.shape[0], LOG2E, pk, ak, lk, flush, bn, mo, sp, *targs, _P_EMIN[pk], out,
         np.empty((3, width)), np.empty((32, width)), np.empty((32, width)), np.empty(d), np.empty(d),
         np.empty(bn), np.empty(bn), pv32, np.empty((32, width), np.float32), np.empty(width, np.float32),
-        np.empty(d, np.float32), np.empty((2, width), np.float32))
+        np.empty(d, np.float32), np.empty((2, width), np.float32), *extra)
     return out
 
 
@@ -239,7 +271,8 @@ def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float
            q_format: str = "e4m3", kv_format: str = "e4m3", qk: str = "tensorcore", p_format: str = "e4m3",
            accumulator: str = "tensorcore", flush_every: int | None = None, block_n: int = 96,
            max_offset: int = 8, splits: int = 1, frac_bits: int | None = None, l_accumulator: str = "fp32",
-           rounding: str = "toward_zero", arch: str = "Hopper", qk_frac_bits: int | None = None) -> np.ndarray:
+           rounding: str = "toward_zero", arch: str = "Hopper", qk_frac_bits: int | None = None,
+           rescale_threshold: float = 0.0, p_scale: float | None = None, instr: str | None = None) -> np.ndarray:
     """FlashAttention-3's FP8 forward pass for many heads and rows, in parallel.
 
     ``q`` (heads, n_q, d), ``k`` and ``v`` (kv_heads, n_k, d) with heads a multiple of
@@ -249,10 +282,12 @@ def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float
     (``qk``: :data:`QK_MODES`), scaled by ``softmax_scale`` (default 1/sqrt(d)) inside the
     exponent as the kernel does; the rest as :func:`attend_row`. QKᵀ runs on the same unit with its own
     fraction bits: ``frac_bits`` narrows P·V alone, ``qk_frac_bits`` (None: the unit's) QKᵀ alone.
+    ``rescale_threshold``, ``p_scale``, ``instr`` as :func:`attend_row` (``instr`` for QKᵀ too).
     Returns (heads, n_q, d) float64.
     """
     pk, ak, lk, flush, bn, mo, sp, targs = _common(p_format, accumulator, flush_every, block_n, max_offset,
-                                                   splits, frac_bits, l_accumulator, rounding, arch)
+                                                   splits, frac_bits, l_accumulator, rounding, arch, instr)
+    extra = _extra(rescale_threshold, p_scale)
     _choice("qk", qk, QK_MODES)
     qq, kk, vv = (store(_values(x, nm, 3), f, fn) for x, nm, f, fn in
                   ((q, "q", q_format, "q_format"), (k, "k", kv_format, "kv_format"), (v, "v", kv_format, "kv_format")))
@@ -268,7 +303,7 @@ def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"parameter 'softmax_scale' must be a positive number, got {softmax_scale!r}")
     scale_log2 = float(np.float32(np.float32(scale) * np.float32(math.log2(math.e))))
-    sargs = _unit_args(arch, qk_frac_bits, "toward_zero", "qk_frac_bits")
+    sargs = _unit_args(arch, qk_frac_bits, "toward_zero", "qk_frac_bits", instr)
     sfb, sok, som, soemin, sofmax = sargs[2], sargs[5], sargs[6], sargs[7], sargs[8]
     if sargs[0] != 0 and qk == "tensorcore":
         raise ValueError(f"parameter 'qk': QKᵀ on {arch}'s MFMA is not modelled; use qk='fp32' or 'exact'")
@@ -280,11 +315,12 @@ def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float
     if (qk32 or pv32) and all(x.dtype == np.float32 or np.array_equal(x.astype(np.float32), x) for x in (qq, kk, vv)):
         qq, kk, vv = (np.ascontiguousarray(x, dtype=np.float32) for x in (qq, kk, vv))
     kT = np.ascontiguousarray(np.swapaxes(kk, 1, 2))
-    kwT = weights_nb(kT, _operand_emin(kT, arch, "b"))
-    vw = weights_nb(vv, _operand_emin(vv, arch, "b"))
-    qemin = _operand_emin(qq, arch, "a")
+    kwT = weights_nb(kT, _operand_emin(kT, arch, "b", instr))
+    vw = weights_nb(vv, _operand_emin(vv, arch, "b", instr))
+    qemin = _operand_emin(qq, arch, "a", instr)
     return attend_nb(qq, kT, kwT, vv, vw, hq // hk, bool(causal), scale_log2, pk, ak, lk, _AK[qk], flush, bn, mo, sp,
-                     *targs, _P_EMIN[pk], qemin, sfb, sok, som, soemin, sofmax, qk32, pv32, numba.get_num_threads())
+                     *targs, _P_EMIN[pk], qemin, sfb, sok, som, soemin, sofmax, qk32, pv32, numba.get_num_threads(),
+                     *extra)
 
 
 def exact_attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None) -> np.ndarray:

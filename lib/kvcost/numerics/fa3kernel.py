@@ -76,14 +76,17 @@ def _exp2_f32(x: float) -> float:
 @njit(cache=True)
 def row(s, v, vw, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
          scheme, grp, fb, fb2, nearest, okind, om, oemin, ofmax, cmin, zw, pemin, out, scr, prod, wts, acc, reg,
-         pbuf, praw, pv32, prod32, mx32, acc32, scr32):   # pragma: no cover - compiled
+         pbuf, praw, pv32, prod32, mx32, acc32, scr32, thr=0.0, pscale=0.0):   # pragma: no cover - compiled
     """One query row: scores s[:n] (raw; times scale_log2 in the exponent), values
     v[vrow0 + i, :] with their alignment weights vw (2^max(floor(log2 |v|), emin), 0 for 0). P·V runs
     on the unit (``scheme`` 0: a fused truncated sum of ``grp`` terms at ``fb`` bits, register written
     by ``okind``; 3: CDNA3's even/odd MFMA at fb / fb2), P's weight clamped at 2^pemin. Writes the
     output into out[:]; scr/prod/wts/acc/reg/pbuf/praw are scratch. ``pv32``: P·V in float32 lanes
     (``fused_rows32``, same bits; FP8 P and V, truncating register), with the float32 scratch
-    prod32 (grp, >= d), mx32 and acc32 (>= d), scr32 (2, >= d)."""
+    prod32 (grp, >= d), mx32 and acc32 (>= d), scr32 (2, >= d). ``thr`` > 0: the running max is kept
+    (stale) while a block raises it by at most ``thr`` log2 units (FA4's ``rescale_threshold``).
+    ``pscale`` > 0: P is multiplied by it in fp32 before the cast and the row sum counts the unscaled P
+    (composable_kernel's ``scale_p``; then max_off is 0), the output divided by l·pscale."""
     d = v.shape[1]
     nblk = (n + bn - 1) // bn
     per = (nblk + splits - 1) // splits
@@ -113,7 +116,7 @@ def row(s, v, vw, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
             first = b == b_hi - 1
             if first:
                 m = mb
-            elif mb > m:
+            elif mb > m and not (thr > 0.0 and _f32((m - mb) * scale_log2) >= -thr):
                 sc = _exp2_f32(_f32((m - mb) * scale_log2))
                 m = mb
                 l_val = _f32(l_val * sc) if lk == 0 else l_val * sc
@@ -130,8 +133,12 @@ def row(s, v, vw, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
             else:
                 for i in range(w):
                     l_val += praw[i]
-            for i in range(w):
-                pbuf[i] = _cast_p(praw[i], pk)
+            if pscale > 0.0:
+                for i in range(w):
+                    pbuf[i] = _cast_p(_f32(praw[i] * pscale), pk)
+            else:
+                for i in range(w):
+                    pbuf[i] = _cast_p(praw[i], pk)
             if ak == 0 and pv32:
                 for j in range(d):
                     acc32[j] = acc[j]
@@ -193,7 +200,8 @@ def row(s, v, vw, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
         if flush > 0:
             for j in range(d):
                 acc[j] = _f32(dscale * reg[j] + acc[j]) if ak != 2 else dscale * reg[j] + acc[j]
-        inv = _f32(1.0 / l_val) if lk == 0 else 1.0 / l_val
+        l_out = l_val if pscale <= 0.0 else (_f32(l_val * pscale) if lk == 0 else l_val * pscale)
+        inv = _f32(1.0 / l_out) if lk == 0 else 1.0 / l_out
         for j in range(d):
             outs[sp, j] = _f32(acc[j] * inv) if ak != 2 else acc[j] * inv
         # the split's log-sum-exp in natural-log units: m*scale_log2*ln2 + log(l / 2^max_off)
@@ -281,7 +289,7 @@ def _scores(qrow, kT, kwT, n, qk, qemin, grp, sfb, sok, som, soemin, sofmax, zw,
 @njit(parallel=True, cache=True)
 def attend_nb(q, kT, kwT, v, vw, group, causal, scale_log2, pk, ak, lk, qk, flush, bn, max_off, splits,
                scheme, grp, fb, fb2, nearest, okind, om, oemin, ofmax, cmin, zw, pemin,
-               qemin, sfb, sok, som, soemin, sofmax, qk32, pv32, nth):   # pragma: no cover
+               qemin, sfb, sok, som, soemin, sofmax, qk32, pv32, nth, thr=0.0, pscale=0.0):   # pragma: no cover
     hq, nq, _ = q.shape
     nk = kT.shape[2]
     dv = v.shape[2]
@@ -315,7 +323,7 @@ def attend_nb(q, kT, kwT, v, vw, group, causal, scale_log2, pk, ak, lk, qk, flus
                     wts, scr, qk32, srow32, prod32, mx32, scr32)
             row(srow, v[hk], vw[hk], 0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
                  scheme, grp, fb, fb2, nearest, okind, om, oemin, ofmax, cmin, zw, pemin, orow, scr, prod, wts, acc,
-                 reg, pbuf, praw, pv32, prod32, mx32, acc32, scr32)
+                 reg, pbuf, praw, pv32, prod32, mx32, acc32, scr32, thr, pscale)
             for j in range(dv):
                 out[h, r, j] = orow[j]
     return out
