@@ -1,0 +1,85 @@
+"""Notebook 10's readings: the published figures beside the emulation, the law's constants, the verdict."""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..experiments import longrange as lr
+from ..paths import data_path
+from ..provenance import checked
+
+__all__ = ["HOPPER_FIXES", "beside_published", "law_reading", "statements", "verdict"]
+
+#: The emulated Hopper FA3 kernels that correspond to the published NIAH rows (notebook 06's fix names).
+HOPPER_FIXES = {"no fix": "FA3 FP8, no fix", "PR #104 every tile": "FA3 FP8, PR #104 (every tile)",
+                "PR #122 every 4": "FA3 FP8, PR #122 every 4 tiles",
+                "PR #122 every 64": "FA3 FP8, PR #122 every 64 tiles"}
+
+
+def statements() -> pd.DataFrame:
+    """Published statements without a number (data/which_gpu/published_statements.csv)."""
+    return pd.read_csv(checked(data_path("which_gpu", "published_statements.csv")))
+
+
+def beside_published(summ: pd.DataFrame, n: int) -> pd.DataFrame:
+    """The published 128k NIAH accuracies (data/accumulation_published.csv) beside the emulated kept rate of
+    the same Hopper kernel at context ``n``: fix, source, published accuracy, emulated kept k/n and interval.
+    Not the same quantity: a model's task accuracy against one head's needle kept; only the order compares."""
+    pub = lr.published_niah(pd.read_csv(checked(data_path("accumulation_published.csv"))))
+    at = summ[summ["n_tokens"] == n].set_index("kernel")
+    rows = []
+    for _, r in pub.iterrows():
+        kern = HOPPER_FIXES.get(r["fix"])
+        e = at.loc[kern] if kern in at.index else None
+        rows.append({"fix": r["fix"], "source": r["source"], "published": r["accuracy"],
+                     "emulated_kernel": kern or "",
+                     "emulated_kept": "" if e is None else f"{e['kept']}/{e['haystacks']}",
+                     "emulated": "not run" if e is None else
+                     f"{e['kept']}/{e['haystacks']} = {e['kept_rate']:.0%} [{e['lo']:.0%}, {e['hi']:.0%}]",
+                     "emulated_rate": None if e is None else e["kept_rate"], "lo": None if e is None else e["lo"],
+                     "hi": None if e is None else e["hi"]})
+    return pd.DataFrame(rows)
+
+
+def law_reading(fit: pd.DataFrame) -> str:
+    """Whether one constant c serves F = 13, 25 and 35 (their intervals overlap) and the slopes' readings."""
+    parts = [f"F = {r.frac_bits}: c = {r.c:.2g} [{r.c_lo:.2g}, {r.c_hi:.2g}], slope in n {r.slope:.2f} "
+             f"[{r.slope_lo:.2f}, {r.slope_hi:.2f}]" for r in fit.itertuples()]
+    overlap = fit["c_lo"].max() <= fit["c_hi"].min()
+    same = "one constant fits every F (the intervals overlap)" if overlap else \
+        "no single constant fits every F (the intervals do not overlap): the law in n·2^-F does not carry across units"
+    return "; ".join(parts) + f" — {same}."
+
+
+def verdict(summ: pd.DataFrame, loss: pd.DataFrame, fit: pd.DataFrame, beside: pd.DataFrame,
+            n_pub: int) -> str:
+    """The verdict, computed: which GPU x kernel loses the needle and from which context, which show no loss
+    up to the longest context run (with the loss rate they could detect), the published order beside the
+    emulated one, and the law's constants."""
+    lost = loss[loss["loses_at"].notna()]
+    kept = loss[loss["loses_at"].isna()]
+    lines = []
+    if len(lost):
+        lines.append("**Loses the needle** (kept rate's 95% upper bound below 95%): " + "; ".join(
+            f"{r.kernel} on {r.gpu} from {int(r.loses_at):,} tokens ({r.kept}, [{r.lo:.0%}, {r.hi:.0%}])"
+            for r in lost.itertuples()) + ".")
+    if len(kept):
+        lines.append("**No loss detected** up to the longest context run: " + "; ".join(
+            f"{r.kernel} on {r.gpu} at {int(r.checked_to):,} ({r.kept}; a loss rate above {r.detectable_loss:.0%} "
+            f"would have been seen)" for r in kept.itertuples()) + ".")
+    gain = summ.groupby("kernel", sort=False).apply(lambda g: g.sort_values("n_tokens")["gain"].iloc[-1],
+                                                     include_groups=False)
+    shrunk = [k for k, v in gain.items() if v < 0.99]
+    if shrunk:
+        lines.append("Haystack shrinkage, a separate effect (median gain below 0.99 at the longest context): "
+                     + ", ".join(f"{k} ({gain[k]:.2f})" for k in shrunk) + ".")
+    b = beside.dropna(subset=["emulated_rate"])
+    if len(b):
+        pub_order = list(b.sort_values("published", kind="stable")["fix"])
+        emu_order = list(b.sort_values("emulated_rate", kind="stable")["fix"])
+        lines.append(f"Published 128k NIAH beside the emulated kept rate at {n_pub:,} tokens (different quantities: "
+                     f"only the order compares): " + "; ".join(
+                         f"{r.fix} {r.published:.0%} vs {r.emulated_kept}" for r in b.itertuples())
+                     + (" — the same order." if pub_order == emu_order else " — not the same order."))
+    lines.append("The n·2^-F law: " + law_reading(fit))
+    return "\n\n".join(lines)
+

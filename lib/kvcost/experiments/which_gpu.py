@@ -1,0 +1,202 @@
+"""Notebook 10: which GPU and kernel lose the needle — error and retrieval against context per kernel.
+
+Every kernel of :data:`kvcost.numerics.kernels.KERNELS` (its facts from ``data/attention_kernels.csv``) runs
+on the same haystacks: notebook 06's real score profiles (:func:`kvcost.experiments.longrange.real_haystack`:
+SmolLM2-135M's query heads, real sink and recent window, the bulk resampled from real keys, a needle of
+stated exact weight), each run with the needle and with its value replaced by the haystack mean, read by
+notebook 06's measures: the output's error and gain against exact attention on the stored cache
+(:func:`~kvcost.experiments.longrange.metrics`) and the needle's carried weight, kept by
+:data:`~kvcost.experiments.longrange.KEEP` (:func:`~kvcost.experiments.longrange.carried`).
+
+- :func:`grid`: rows per kernel x context x head x haystack;
+- :func:`law_grid`: FA3's no-fix pass with P·V's kept fraction bits set to F (13: Hopper's FP8 unit, 25:
+  Blackwell's tcgen05, 35: the block-scaled units' exact 16-term groups) for the n·2^-F law, and
+  :func:`law_fit`, its constant per F with a head-clustered bootstrap interval;
+- :func:`summary`, :func:`first_loss`: kept rates with head-clustered intervals, and where each kernel
+  first loses the needle (or the context up to which no loss was detected, with the loss it could detect).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .. import stats
+from ..numerics import fa3, kernels
+from ..paths import repo_path
+from ..provenance import checked
+from . import longrange as lr
+
+__all__ = ["COMMITTED", "LAW_FRAC_BITS", "committed", "first_loss", "grid", "law_fit", "law_grid", "pick_heads",
+           "restored", "slice_check", "summary"]
+
+#: The committed grid and law runs (scripts/which_gpu_grid.py, sweeps/which_gpu.yaml).
+COMMITTED = "data/which_gpu"
+#: Kept fraction bits of the three unit families the law is fitted across.
+LAW_FRAC_BITS = (13, 25, 35)
+_BATCH_ELEMENTS = 1 << 25
+
+
+def pick_heads(count: int, source: str = "smollm2") -> list[lr.QueryHead]:
+    """``count`` query heads spread evenly over the extract's layers and heads (first and last included)."""
+    heads = lr.query_heads(source)
+    if isinstance(count, bool) or not isinstance(count, int) or not 2 <= count <= len(heads):
+        raise ValueError(f"parameter 'heads' must be an integer between 2 and {len(heads)}, got {count!r}")
+    idx = np.unique(np.round(np.linspace(0, len(heads) - 1, count)).astype(int))
+    return [heads[i] for i in idx]
+
+
+def restored(h: lr.Haystack, k: kernels.Kernel) -> lr.Haystack:
+    """Haystack ``h`` (stored e4m3) as kernel ``k`` reads it: unchanged for an e4m3 cache; for a cache in
+    another format (NVFP4) K, V and the swapped-in mean are stored in it from ``h``'s values and the exact
+    reference outputs recomputed on what is stored (so error means the kernel's arithmetic, not storage)."""
+    if k.kv_format == "e4m3":
+        return h
+    kk = kernels.stored(h.k, k)
+    vv = kernels.stored(h.v, k)
+    q = h.q.astype(np.float64)
+    s = kk.astype(np.float64) @ q / math.sqrt(q.shape[0])
+    w = np.exp(s - s.max())
+    w /= w.sum()
+    j = h.needle
+    ref = w @ vv.astype(np.float64)
+    hbar = (ref - w[j] * vv[j].astype(np.float64)) / (1.0 - w[j])
+    swap = kernels.stored(hbar[None, :], k)[0]
+    ref_off = ref + w[j] * (swap.astype(np.float64) - vv[j].astype(np.float64))
+    return lr.Haystack(h.q, kk, vv, j, float(w[j]), ref, hbar, swap, ref_off, h.parts)
+
+
+def grid(ks: Sequence[kernels.Kernel], heads: Sequence[lr.QueryHead], n: int, trials: int, needle_weight: float,
+         seed: int, splits: int = 1) -> pd.DataFrame:
+    """Every head x haystack (seeds ``seed + t``) at context ``n`` through each kernel, with the needle and
+    with its value replaced by h̄: rows kernel, gpu, n_tokens, head, layer, trial, needle_w, rel_l2, gain,
+    carried, off_axis, kept."""
+    d = heads[0].k.shape[1]
+    per = max(1, (_BATCH_ELEMENTS // 2) // (n * d))
+    keys = [(h, t) for h in heads for t in range(trials)]
+    rows = []
+    for b0 in range(0, len(keys), per):
+        batch = keys[b0:b0 + per]
+        base = [lr.real_haystack(h, n, needle_weight, seed + t) for h, t in batch]
+        for kern in ks:
+            hs = [restored(x, kern) for x in base]
+            q = np.stack([x.q for x in hs] * 2)[:, None, :]
+            k = np.stack([x.k for x in hs] * 2)
+            v = np.stack([x.v for x in hs] + [x.v_off() for x in hs])
+            outs = kern.attend(q, k, v, splits=splits)[:, 0]
+            for i, ((h, t), x) in enumerate(zip(batch, hs)):
+                m = lr.metrics(x, outs[i])
+                rows.append({"kernel": kern.label, "gpu": kern.arch, "n_tokens": n, "head": h.label,
+                             "layer": h.layer, "trial": t, "needle_w": x.weight, "splits": splits,
+                             "rel_l2": m["rel_l2"], "gain": m["gain"], **lr.carried(x, outs[i], outs[len(hs) + i])})
+    return pd.DataFrame(rows)
+
+
+def law_grid(heads: Sequence[lr.QueryHead], ns: Sequence[int], trials: int, needle_weight: float, seed: int,
+             frac_bits: Sequence[int] = LAW_FRAC_BITS, block_n: int = 128) -> pd.DataFrame:
+    """FA3's no-fix FP8 pass on Hopper's unit with P·V's kept fraction bits set to each F (the register
+    e8m{min(F, 23)}, truncated): rows frac_bits, n_tokens, head, trial, rel_l2, gain, x = n·2^-F."""
+    rows = []
+    for n in ns:
+        hs = [(h, t, lr.real_haystack(h, n, needle_weight, seed + t)) for h in heads for t in range(trials)]
+        q = np.stack([x.q for _, _, x in hs])[:, None, :]
+        k = np.stack([x.k for _, _, x in hs])
+        v = np.stack([x.v for _, _, x in hs])
+        for f in frac_bits:
+            outs = fa3.attend(q, k, v, block_n=block_n, frac_bits=int(f))[:, 0]
+            for i, (h, t, x) in enumerate(hs):
+                m = lr.metrics(x, outs[i])
+                rows.append({"frac_bits": int(f), "n_tokens": n, "head": h.label, "trial": t,
+                             "rel_l2": m["rel_l2"], "gain": m["gain"], "x": n * 2.0 ** -int(f)})
+    return pd.DataFrame(rows)
+
+
+def law_fit(df: pd.DataFrame, boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per F: the constant c of rel_l2 = c·n·2^-F (the geometric mean of rel_l2 / (n·2^-F) over haystacks)
+    with a 95% bootstrap interval that resamples heads (clusters), and the slope of log rel_l2 on log n
+    (1 where the law holds), its interval from the same bootstrap."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for f, g in df.groupby("frac_bits", sort=True):
+        g = g[g["rel_l2"] > 0]
+        heads = sorted(g["head"].unique())
+        by = {h: g[g["head"] == h] for h in heads}
+
+        def fit(sub: pd.DataFrame) -> tuple[float, float]:
+            lc = float(np.mean(np.log(sub["rel_l2"]) - np.log(sub["x"])))
+            slope = float(np.polyfit(np.log(sub["n_tokens"]), np.log(sub["rel_l2"]), 1)[0])
+            return math.exp(lc), slope
+
+        c, slope = fit(g)
+        bs = np.array([fit(pd.concat([by[heads[i]] for i in rng.integers(0, len(heads), len(heads))]))
+                       for _ in range(boot)])
+        out.append({"frac_bits": int(f), "c": c, "c_lo": float(np.quantile(bs[:, 0], 0.025)),
+                    "c_hi": float(np.quantile(bs[:, 0], 0.975)), "slope": slope,
+                    "slope_lo": float(np.quantile(bs[:, 1], 0.025)), "slope_hi": float(np.quantile(bs[:, 1], 0.975)),
+                    "heads": len(heads), "haystacks": len(g)})
+    return pd.DataFrame(out)
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel x context: kept k/n, the rate pooled over heads with its clustered 95% interval
+    (:func:`kvcost.stats.clustered_rate`), median error, gain and carried weight."""
+    out = []
+    for (kern, n), g in df.groupby(["kernel", "n_tokens"], sort=False):
+        per = g.groupby("head", sort=False)["kept"].agg(["sum", "count"])
+        rate, lo, hi, n_eff = stats.clustered_rate(per["sum"].astype(int).tolist(), per["count"].astype(int).tolist())
+        out.append({"kernel": kern, "gpu": g["gpu"].iloc[0], "n_tokens": int(n), "kept": int(g["kept"].sum()),
+                    "haystacks": len(g), "kept_rate": rate, "lo": lo, "hi": hi, "n_eff": n_eff,
+                    "rel_l2": float(g["rel_l2"].median()), "gain": float(g["gain"].median()),
+                    "carried": float(g["carried"].median())})
+    return pd.DataFrame(out)
+
+
+def first_loss(summ: pd.DataFrame, ceiling: float = 0.95) -> pd.DataFrame:
+    """Per kernel: the first context whose kept rate's upper bound falls below ``ceiling`` (a loss detected),
+    else the largest context run with the smallest loss rate its interval excludes (1 − lo)."""
+    out = []
+    for kern, g in summ.groupby("kernel", sort=False):
+        g = g.sort_values("n_tokens")
+        lost = g[g["hi"] < ceiling]
+        if len(lost):
+            r = lost.iloc[0]
+            out.append({"kernel": kern, "gpu": r["gpu"], "loses_at": int(r["n_tokens"]), "checked_to": None,
+                        "kept": f"{r['kept']}/{r['haystacks']}", "kept_rate": r["kept_rate"], "lo": r["lo"],
+                        "hi": r["hi"], "detectable_loss": None})
+        else:
+            r = g.iloc[-1]
+            out.append({"kernel": kern, "gpu": r["gpu"], "loses_at": None, "checked_to": int(r["n_tokens"]),
+                        "kept": f"{r['kept']}/{r['haystacks']}", "kept_rate": r["kept_rate"], "lo": r["lo"],
+                        "hi": r["hi"], "detectable_loss": 1.0 - r["lo"]})
+    return pd.DataFrame(out)
+
+
+def committed(name: str, expect: dict | None = None, folder: str = COMMITTED) -> tuple[pd.DataFrame, dict]:
+    """A committed table of ``folder`` (``grid.csv`` or ``law.csv``), its sha256 checked against the
+    provenance recorded beside it, and that provenance; ``expect``: parameters it must have been run with."""
+    path = repo_path(folder, name)
+    prov_path = repo_path(folder, name.replace(".csv", ".json"))
+    prov = json.loads(prov_path.read_text())
+    if expect:
+        diff = {k: (prov["parameters"].get(k), v) for k, v in expect.items() if prov["parameters"].get(k) != v}
+        if diff:
+            raise ValueError(f"{folder}/{name} was run with other parameters (committed, asked): {diff}")
+    return pd.read_csv(checked(path)), prov
+
+
+def slice_check(committed_df: pd.DataFrame, live: pd.DataFrame, keys: Sequence[str] = ("kernel", "n_tokens", "head",
+                                                                                        "trial")) -> dict:
+    """The live rows against the committed rows of the same keys: rows matched, the largest difference of
+    rel_l2 and of the carried weight, and whether every kept verdict agrees (the emulation is deterministic,
+    so a difference means the code or the data changed)."""
+    m = live.merge(committed_df, on=list(keys), suffixes=("_live", "_committed"))
+    if not len(m):
+        raise ValueError("no committed row matches the live slice: were the grid's heads, trials or contexts changed?")
+    cols = [c for c in ("rel_l2", "carried") if f"{c}_live" in m]
+    diff = {c: float((m[f"{c}_live"] - m[f"{c}_committed"]).abs().max()) for c in cols}
+    agree = bool((m["kept_live"] == m["kept_committed"]).all()) if "kept_live" in m else True
+    return {"rows": len(m), **{f"max_diff_{c}": v for c, v in diff.items()}, "kept_agree": agree,
+            "identical": agree and all(v == 0.0 for v in diff.values())}
