@@ -201,8 +201,7 @@ def kernel(name: str, fix: str = "none", phase: str = "chunked prefill", head_di
     if r["confirmed"].strip() != "yes":
         assumed.append(f"row read from a PR description only ({r['source'].split(':')[0]})")
     if r["split_kv"].strip() and not r["split_kv"].startswith("no"):
-        assumed.append(f"split-KV by the kernel's heuristic ({r['split_kv'].split('(')[0].strip()}): "
-                       f"splits is the caller's")
+        assumed.append(f"split-KV ({r['split_kv'].split('(')[0].strip()}, not modelled): splits is the caller's")
     return Kernel(label=label or f"{name} {fix}", kernel=name, fix=fix, phase=phase, head_dim=head_dim, arch=arch,
                   block_n=int(bn), max_offset=int(mo), rescale_threshold=float(thr), p_format=p_format,
                   p_scale=p_scale, flush_every=flush, instr=instr, kv_format=kv_format, facts=dict(r),
