@@ -773,3 +773,19 @@ def test_fa3_attention_leaves_sliding_layers_exact():
         out, _ = attn(Module(), q, k, v, None, scaling=0.25, sliding_window=20)
         torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
     assert (attn.calls, attn.sliding_calls) == (0, 2)
+
+
+def test_committed_gemma_storage_window():
+    """Gemma 3 270M's first 2k window (committed, one window so far: no interval yet): KL from the fp32 cache
+    orders bf16 < q8_0 < K q8_0/V q4_0 < fp8 (scale 1) < KIVI-4 < NVFP4 < q4_0; V alone in q4_0 costs a tenth
+    of K and V in q4_0; and on this window the 256 x 256 Hadamard rotation makes q4_0 worse, not better."""
+    t = real.format_table(real.load_windows("gemma3_270m/ppl_windows.csv")).set_index("format")
+    kl = t["kl"]
+    assert set(t["windows"]) == {1} and set(t["tokens"]) == {1023}
+    assert kl["fp16"] < 1e-6 < kl["bf16"] < kl["q8_0"] < kl["q8_0/q4_0"] < kl["fp8_e4m3"] < kl["kivi4"] < kl["nvfp4"]
+    assert kl["nvfp4"] < kl["q4_0"] < kl["q4_0+hadamard"]
+    assert kl["q4_0"] > 10 * kl["q8_0/q4_0"]
+    assert t.loc["fp32", "ppl"] == pytest.approx(19.9315, abs=1e-4) and t.loc["q4_0", "dppl"] == pytest.approx(2.6457,
+                                                                                                              abs=1e-4)
+    prov = real.load_provenance("gemma3_270m/ppl_windows.json")
+    assert (prov["model"], prov["attention"], prov["bos_first"]) == ("gemma3-270m", "banded", True)
