@@ -700,6 +700,7 @@ def test_gemma_banded_attention_gives_the_stock_logits():
     ids = realmodel.window_tokens(tok(text, add_special_tokens=False)["input_ids"], 0, 80, tok.bos_token_id)
     x = torch.tensor([ids])
     with torch.no_grad():
+        model.set_attn_implementation("sdpa")              # stock transformers, whatever ran before
         stock = model(x, use_cache=False).logits[0]
         attn = realattention.register(model)
         seen = []
