@@ -1,6 +1,8 @@
 """Notebook 10's readings: the published figures beside the emulation, the law's constants, the verdict."""
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 
 from ..experiments import longrange as lr
@@ -35,7 +37,8 @@ def beside_published(summ: pd.DataFrame, n: int) -> pd.DataFrame:
                      "emulated_kept": "" if e is None else f"{e['kept']}/{e['haystacks']}",
                      "emulated": "not run" if e is None else
                      f"{e['kept']}/{e['haystacks']} = {e['kept_rate']:.0%} [{e['lo']:.0%}, {e['hi']:.0%}]",
-                     "emulated_rate": None if e is None else e["kept_rate"], "lo": None if e is None else e["lo"],
+                     "emulated_rate": None if e is None else e["kept_rate"],
+                     "emulated_rel_l2": None if e is None else e["rel_l2"], "lo": None if e is None else e["lo"],
                      "hi": None if e is None else e["hi"]})
     return pd.DataFrame(rows)
 
@@ -47,7 +50,16 @@ def law_reading(fit: pd.DataFrame) -> str:
     overlap = fit["c_lo"].max() <= fit["c_hi"].min()
     same = "one constant fits every F (the intervals overlap)" if overlap else \
         "no single constant fits every F (the intervals do not overlap): the law in n·2^-F does not carry across units"
-    return "; ".join(parts) + f" — {same}."
+    slope1 = [int(r.frac_bits) for r in fit.itertuples() if r.slope_lo <= 1.0 <= r.slope_hi]
+    head = "; ".join(parts) + f" — {same}; "
+    text = head + (f"the slope's interval holds 1 at F = {slope1} only." if slope1 else
+                   "no slope's interval holds 1 (the error grows more slowly than n at these contexts).")
+    f = fit.set_index("frac_bits")
+    for a, b in itertools.pairwise(f.index):
+        ratio = (f.loc[b, "c"] * 2.0 ** -b) / (f.loc[a, "c"] * 2.0 ** -a)
+        text += (f" From F = {a} to {b} the error changes by a factor {ratio:.2g} where the law predicts "
+                 f"2^-{b - a}" + (": there the error is not the accumulator's." if ratio > 0.5 else "."))
+    return text
 
 
 def verdict(summ: pd.DataFrame, loss: pd.DataFrame, fit: pd.DataFrame, beside: pd.DataFrame,
@@ -72,14 +84,21 @@ def verdict(summ: pd.DataFrame, loss: pd.DataFrame, fit: pd.DataFrame, beside: p
     if shrunk:
         lines.append("Haystack shrinkage, a separate effect (median gain below 0.99 at the longest context): "
                      + ", ".join(f"{k} ({gain[k]:.2f})" for k in shrunk) + ".")
-    b = beside.dropna(subset=["emulated_rate"])
-    if len(b):
-        pub_order = list(b.sort_values("published", kind="stable")["fix"])
-        emu_order = list(b.sort_values("emulated_rate", kind="stable")["fix"])
-        lines.append(f"Published 128k NIAH beside the emulated kept rate at {n_pub:,} tokens (different quantities: "
-                     f"only the order compares): " + "; ".join(
-                         f"{r.fix} {r.published:.0%} vs {r.emulated_kept}" for r in b.itertuples())
-                     + (" — the same order." if pub_order == emu_order else " — not the same order."))
+    b = beside.dropna(subset=["emulated_rate"]).drop_duplicates("fix").sort_values("published", kind="stable")
+    if len(b) >= 2:
+        def order(vals: list[float]) -> str:
+            steps = [y - x for x, y in itertools.pairwise(vals)]
+            if all(d > 0 for d in steps):
+                return "the same order"
+            if all(d >= 0 for d in steps):
+                return "ties where the published figures differ"
+            return "not the same order"
+
+        lines.append(f"Published 128k NIAH beside the emulation at {n_pub:,} tokens (different quantities: only the "
+                     f"order compares): " + "; ".join(f"{r.fix} {r.published:.0%} vs kept {r.emulated_kept}, error "
+                                                     f"{r.emulated_rel_l2:.2g}" for r in b.itertuples())
+                     + f" — kept rates: {order(list(b['emulated_rate']))}; the output's error (lower for higher "
+                       f"accuracy): {order([-x for x in b['emulated_rel_l2']])}.")
     lines.append("The n·2^-F law: " + law_reading(fit))
     return "\n\n".join(lines)
 
