@@ -7,11 +7,12 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
+import numpy as np
 
 from .output import FIGURE_DIR, FIGURE_DIR_ENV
 from .paths import repo_root
 
-__all__ = ["use_style", "save", "FIGURE_DIR", "PALETTE", "MARKERS", "LINESTYLES"]
+__all__ = ["use_style", "save", "label_points", "FIGURE_DIR", "PALETTE", "MARKERS", "LINESTYLES"]
 
 # Colour-blind-safe (Okabe-Ito) palette, one colour per series in a fixed order.
 # Okabe-Ito without its yellow (unreadable on white); series also differ by marker and line style.
@@ -37,6 +38,31 @@ _STYLE = {
     "svg.hashsalt": "kvcost",
     "svg.fonttype": "path",
 }
+
+
+def label_points(ax: plt.Axes, xs: Sequence[float], ys: Sequence[float], names: Sequence[str], *,
+                 color: str = "black", fontsize: float = 5.5, gap_pt: float | None = None,
+                 width_pt: float = 60.0) -> None:
+    """Name each point: a label to its right, labels that would overlap pushed down one under another, a thin
+    leader line from a moved label to its point. Call it after the axes' scales and data are final (it places
+    labels in display space). Deterministic: the same points give the same layout."""
+    if not len(xs):
+        return
+    ax.autoscale_view()
+    px_per_pt = ax.figure.dpi / 72.0
+    gap = (gap_pt if gap_pt is not None else 1.25 * fontsize) * px_per_pt
+    pts = ax.transData.transform(np.column_stack([np.asarray(xs, float), np.asarray(ys, float)]))
+    placed: list[tuple[float, float]] = []
+    for i in sorted(range(len(pts)), key=lambda i: (-pts[i][1], pts[i][0])):     # top first, then left
+        x, y = pts[i]
+        ty = y
+        while any(abs(px - x) < width_pt * px_per_pt and abs(py - ty) < gap for px, py in placed):
+            ty -= gap
+        placed.append((x, ty))
+        dy = (ty - y) / px_per_pt
+        ax.annotate(names[i], (xs[i], ys[i]), xytext=(5, dy), textcoords="offset points", fontsize=fontsize,
+                    va="center", color=color,
+                    arrowprops=dict(arrowstyle="-", lw=0.3, color=color, shrinkA=0, shrinkB=2) if dy else None)
 
 
 def use_style() -> None:
