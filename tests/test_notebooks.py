@@ -79,6 +79,8 @@ BAD = [
     ("07_real_kv", {"majority": 1.0}, "'majority'"),
     ("06_long_range_needle", {"heads": 0}, "'heads'"),
     ("06_long_range_needle", {"fixes": ["PR #999"]}, "'fixes"),
+    ("10_which_gpu", {"kernels": ["no such kernel"]}, "'kernels"),
+    ("10_which_gpu", {"heads": 1}, "'heads'"),
 ]
 
 
@@ -105,6 +107,10 @@ OTHER_PARAMETERS = {
     "06_long_range_needle": {"n_tokens": [2048, 8192], "head_dim": 64, "block_n": 128, "heads": 1, "where_n": 8192,
                              "splits": [1, 2], "block_sizes": [128], "scaling_frac_bits": [9, 11],
                              "scaling_n": [1024, 4096]},
+    "10_which_gpu": {"source": "live", "kernels": ["FA3 FP8, no fix", "FlashInfer MLA SM90: FP8 stored, bf16 MMA"],
+                     "contexts": [512], "heads": 2, "focus_n": 512, "focus_heads": 2, "focus_trials": 1,
+                     "live_n": 512, "live_kernels": ["FA3 FP8, no fix"],
+                     "published_n": 512, "law_contexts": [512, 1024], "law_boot": 100},
 }
 
 

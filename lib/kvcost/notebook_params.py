@@ -17,7 +17,7 @@ from . import floats, formats, models, realmodel
 from .experiments import longrange as long_range
 from .experiments import needle
 from .experiments import realmodel as real_decoder
-from .numerics import accum
+from .numerics import accum, kernels
 from .params import Bool, Custom, Float, FloatList, Int, IntList, Pairs, Params, PathStr, Schema, Str, StrList
 
 __all__ = ["SCHEMAS", "get", "validate", "stems"]
@@ -143,6 +143,32 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         IntList("block_sizes", [96, 128, 192, 224], lo=32, hi=512),
         IntList("scaling_frac_bits", [7, 9, 11, 13], lo=3, hi=20),
         IntList("scaling_n", [2**k for k in range(10, 18)], lo=64, hi=2**21),
+    ]),
+    Schema("10_which_gpu", [
+        Str("source", "committed", choices=["committed", "live"],
+            doc="the kernel grid and the law's run from data/which_gpu (a slice recomputed live as a check) "
+                "or run live"),
+        StrList("kernels", list(kernels.KERNELS), choices=list(kernels.KERNELS),
+                doc="kernels of kvcost.numerics.kernels.KERNELS (facts: data/attention_kernels.csv)"),
+        Str("phase", "chunked prefill", choices=list(kernels.PHASES), doc="which tile each kernel runs"),
+        IntList("contexts", [4096, 32768, 131072, 1048576], lo=256, hi=2**21,
+                doc="contexts of the kernel grid (committed: 4k-128k for every kernel, 1M for four)"),
+        Int("heads", 4, lo=2, hi=45, doc="query heads of SmolLM2's extract, spread over its layers"),
+        Int("trials", 1, lo=1, hi=100, doc="haystacks per head and context"),
+        Int("focus_n", 4096, lo=256, hi=2**21, doc="the context run on more haystacks (its rows replace the grid's)"),
+        Int("focus_heads", 16, lo=2, hi=45, doc="query heads at focus_n"),
+        Int("focus_trials", 2, lo=1, hi=100, doc="haystacks per head at focus_n"),
+        Float("needle_weight", 0.05, lo=0.0, hi=0.5, lo_open=True, doc="the needle's exact attention weight"),
+        Int("seed", 0, lo=0),
+        Int("live_n", 4096, lo=256, hi=2**21, doc="context of the live slice (a committed context)"),
+        Int("live_heads", 2, lo=1, hi=45, doc="heads of the live slice (the grid's first)"),
+        StrList("live_kernels", ["FA3 FP8, no fix", "FA4 FP8, offset 8, stale max 4 (PR #2109)"],
+                choices=list(kernels.KERNELS), doc="kernels of the live slice"),
+        Float("loss_ceiling", 0.95, lo=0.0, hi=1.0, lo_open=True,
+              doc="a kernel loses the needle where its kept rate's 95% upper bound falls below this"),
+        Int("published_n", 131072, lo=256, hi=2**21, doc="the context set beside the published 128k figures"),
+        IntList("law_contexts", [4096, 32768, 131072], lo=256, hi=2**21, doc="contexts of the n·2^-F law's run"),
+        Int("law_boot", 1000, lo=100, hi=100000, doc="bootstrap resamples (over heads) for the law's interval"),
     ]),
     Schema("07_real_kv", [
         IntList("bits", [8, 4, 2], lo=2, hi=16),

@@ -26,15 +26,16 @@ import pandas as pd
 
 from .. import stats
 from ..numerics import fa3, kernels
-from ..paths import repo_path
+from ..paths import data_path
 from ..provenance import checked
 from . import longrange as lr
 
 __all__ = ["COMMITTED", "LAW_FRAC_BITS", "committed", "first_loss", "grid", "law_fit", "law_grid", "pick_heads",
            "restored", "slice_check", "summary"]
 
-#: The committed grid and law runs (scripts/which_gpu_grid.py, sweeps/which_gpu.yaml).
-COMMITTED = "data/which_gpu"
+#: The committed grid and law runs (scripts/which_gpu_grid.py, sweeps/which_gpu.yaml): a folder of the package
+#: data (``data/which_gpu`` in a checkout).
+COMMITTED = "which_gpu"
 #: Kept fraction bits of the three unit families the law is fitted across.
 LAW_FRAC_BITS = (13, 25, 35)
 _BATCH_ELEMENTS = 1 << 25
@@ -151,7 +152,10 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
                     "haystacks": len(g), "kept_rate": rate, "lo": lo, "hi": hi, "n_eff": n_eff,
                     "rel_l2": float(g["rel_l2"].median()), "gain": float(g["gain"].median()),
                     "carried": float(g["carried"].median())})
-    return pd.DataFrame(out)
+    res = pd.DataFrame(out)
+    order = {k: i for i, k in enumerate(df["kernel"].unique())}
+    return res.sort_values(["kernel", "n_tokens"], key=lambda c: c.map(order) if c.name == "kernel" else c,
+                           kind="stable").reset_index(drop=True)
 
 
 def first_loss(summ: pd.DataFrame, ceiling: float = 0.95) -> pd.DataFrame:
@@ -177,8 +181,8 @@ def first_loss(summ: pd.DataFrame, ceiling: float = 0.95) -> pd.DataFrame:
 def committed(name: str, expect: dict | None = None, folder: str = COMMITTED) -> tuple[pd.DataFrame, dict]:
     """A committed table of ``folder`` (``grid.csv`` or ``law.csv``), its sha256 checked against the
     provenance recorded beside it, and that provenance; ``expect``: parameters it must have been run with."""
-    path = repo_path(folder, name)
-    prov_path = repo_path(folder, name.replace(".csv", ".json"))
+    path = data_path(folder, name)
+    prov_path = data_path(folder, name.replace(".csv", ".json"))
     prov = json.loads(prov_path.read_text())
     if expect:
         diff = {k: (prov["parameters"].get(k), v) for k, v in expect.items() if prov["parameters"].get(k) != v}
