@@ -80,6 +80,18 @@ def test_fa3_register_stalls_and_each_fix_restores_it():
         assert out[0] == pytest.approx(1.0, abs=2 ** -20), fix
 
 
+def test_split_kv_shortens_the_register_run():
+    """Split-KV (the kernels' heuristic; the caller's ``splits`` here): splits of whole 224-key tiles. Four
+    (74 tiles, 16,576 keys) run 192 keys past the 2^22 stall in three splits; eight (37 tiles, 8,288 keys)
+    stay below it, and the fp32 log-sum-exp combine gives 1 on the flat row that one split stalls."""
+    s, v = _flat(65536)
+    k = kernels.kernel("fa3_fp8_vllm", "none", "chunked prefill", 128)
+    kw = {n: x for n, x in k.attend_kwargs().items() if n not in ("q_format", "kv_format", "qk", "splits")}
+    lost = 3 * 192 / 65536                       # three splits' last 192 keys cut to zero
+    assert fa3.attend_row(s, v, splits=4, **kw)[0] == pytest.approx(1 - lost, rel=2 ** -12)
+    assert fa3.attend_row(s, v, splits=8, **kw)[0] == pytest.approx(1.0, abs=2 ** -20)
+
+
 def test_fmha_v2_two_level_off_stalls_on_does_not():
     n = 65536
     s, v = _flat(n)
