@@ -696,7 +696,7 @@ def test_gemma_banded_attention_gives_the_stock_logits():
     for layer in model.model.layers:
         if layer.self_attn.is_sliding:
             layer.self_attn.sliding_window = 24
-    text = "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be " * 3
+    text = "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be " * 6
     ids = realmodel.window_tokens(tok(text, add_special_tokens=False)["input_ids"], 0, 80, tok.bos_token_id)
     x = torch.tensor([ids])
     with torch.no_grad():
