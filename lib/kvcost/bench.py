@@ -206,11 +206,16 @@ def bench_real_model() -> list[BenchResult]:
     ran up to 4x slower, which made the ratios meaningless. No rows without the [real-model] extra."""
     if not realmodel.available():
         return []
+    return _in_fresh_process("_real_model_rows", "the real-model benchmark")
+
+
+def _in_fresh_process(rows_fn: str, what: str) -> list[BenchResult]:
+    """The rows of ``bench.<rows_fn>()`` computed in a new Python process (its own thread pools)."""
     code = ("import json, dataclasses; from kvcost import bench; "
-            "print(json.dumps([dataclasses.asdict(r) for r in bench._real_model_rows()]))")
+            f"print(json.dumps([dataclasses.asdict(r) for r in bench.{rows_fn}()]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"the real-model benchmark failed in its own process:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"{what} failed in its own process:\n{proc.stderr[-2000:]}")
     return [BenchResult(**row) for row in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
@@ -284,12 +289,7 @@ def bench_gemma_banded() -> list[BenchResult]:
     logit, on the last 64 rows) and the same top-1 token on every row. No rows without the model."""
     if not realmodel.available("gemma3-270m"):
         return []
-    code = ("import json, dataclasses; from kvcost import bench; "
-            "print(json.dumps([dataclasses.asdict(r) for r in bench._gemma_banded_rows()]))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the Gemma banded-attention benchmark failed in its own process:\n{proc.stderr[-2000:]}")
-    return [BenchResult(**row) for row in json.loads(proc.stdout.strip().splitlines()[-1])]
+    return _in_fresh_process("_gemma_banded_rows", "the Gemma banded-attention benchmark")
 
 
 #: "The same logits to float32 rounding": the largest difference at most this share of the largest logit
