@@ -105,6 +105,7 @@ OTHER_PARAMETERS = {
     "05_vendor_table": {"weights_gib": 6.0},
     "07_real_kv": {"bits": [8, 3], "outlier_threshold": 2.5, "token_group": 16, "synthetic_tokens": 1024},
     "06_long_range_needle": {"n_tokens": [2048, 8192], "head_dim": 64, "block_n": 128, "heads": 1, "where_n": 8192,
+                             "live_heads": 1,
                              "splits": [1, 2], "block_sizes": [128], "scaling_frac_bits": [9, 11],
                              "scaling_n": [1024, 4096]},
     "10_which_gpu": {"source": "live", "kernels": ["FA3 FP8, no fix", "FlashInfer MLA SM90: FP8 stored, bf16 MMA"],
