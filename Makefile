@@ -51,7 +51,7 @@ TEST_JOBS ?= 2
 XDIST     := $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS))
 
 unit: $(STAMP) site-deps ## unit tests only (TEST_JOBS=2 workers; TEST_JOBS=0 serial)
-	$(PY) -m pytest $(XDIST) $(if $(XDIST),--dist loadfile) tests
+	$(PY) -m pytest $(XDIST) $(if $(XDIST),--dist loadfile) --durations=15 tests
 
 # nbval re-executes the stored outputs with one BLAS and one numba thread (unless the caller
 # sets these), while `make notebooks` writes them with the machine's default: a printed digit
