@@ -284,7 +284,9 @@ def fused_rows32(tc, prod, mx, kk, ncol, scr, fb, om, ofmax):
 
 @njit(inline="always")
 def _pow2(e: int) -> float:
-    """2^e as torch.exp2 gives it in float64: exact down to 2^-1074, zero below."""
+    """2^e as torch.exp2 gives it in float64: exact down to 2^-1074, zero below (normal range: from the bits)."""
+    if -1022 <= e <= 1023:
+        return np.int64((1023 + e) << 52).view(np.float64)
     return math.ldexp(1.0, e) if e >= -1074 else 0.0
 
 
@@ -312,6 +314,17 @@ def _exp_of(w: float) -> int:
 
 
 @njit(inline="always")
+def _floor_at(x: float, e: int) -> float:
+    """floor(x · 2^e) for |x| < 2^60, without a subnormal operand (slow on x86) where x · 2^e is far
+    below 1 (or x is 0): there it is 0 for x >= 0 and -1 below."""
+    if x == 0.0:
+        return 0.0
+    if e < -900:
+        return 0.0 if x > 0.0 else -1.0
+    return np.floor(x * _pow2(e))
+
+
+@njit(inline="always")
 def gtr_rows(tc, prod, wts, kk, ncol, fb, fb2):
     """CDNA3's FP8 MFMA step for ncol outputs (MMA-Sim's ``gtr_fdpa``): the kk (<= 16) products' even
     and odd terms are each a fused truncated sum at ``fb`` bits on their own largest alignment
@@ -322,31 +335,34 @@ def gtr_rows(tc, prod, wts, kk, ncol, fb, fb2):
     for j in range(ncol):
         ee = -999
         eo = -999
-        for i in range(kk):
-            w = wts[i, j]
-            if w > 0.0:
-                if i % 2 == 0:
-                    ee = max(ee, _exp_of(w))
-                else:
-                    eo = max(eo, _exp_of(w))
+        we = 0.0
+        wo = 0.0
+        for i in range(0, kk - 1, 2):
+            we = max(we, wts[i, j])
+            wo = max(wo, wts[i + 1, j])
+        if kk % 2:
+            we = max(we, wts[kk - 1, j])
+        if we > 0.0:
+            ee = _exp_of(we)
+        if wo > 0.0:
+            eo = _exp_of(wo)
         se = 0.0
         so = 0.0
-        for i in range(kk):
-            p = prod[i, j]
-            if i % 2 == 0:
-                se += np.trunc(p * _pow2(fb - ee))
-            else:
-                so += np.trunc(p * _pow2(fb - eo))
+        qe = _pow2(fb - ee)
+        qo = _pow2(fb - eo)
+        for i in range(0, kk - 1, 2):
+            se += np.trunc(prod[i, j] * qe)
+            so += np.trunc(prod[i + 1, j] * qo)
+        if kk % 2:
+            se += np.trunc(prod[kk - 1, j] * qe)
         se *= _pow2(-fb)
         so *= _pow2(-fb)
         ed = max(ee, eo)
-        sd = np.floor(se * _pow2(ee - ed + fb)) * _pow2(-fb) + np.floor(so * _pow2(eo - ed + fb)) * _pow2(-fb)
+        sd = _floor_at(se, ee - ed + fb) * _pow2(-fb) + _floor_at(so, eo - ed + fb) * _pow2(-fb)
         sc, ec = _norm(tc[j], FP32_EMIN)
         em = max(ed, ec)
-        sd = np.floor(sd * _pow2(ed - em + fb2 + 1)) * _pow2(-(fb2 + 1))
-        sc = np.floor(sc * _pow2(ec - em + fb)) * _pow2(-fb)
-        if ec < em - fb - 1:
-            sc = 0.0
+        sd = _floor_at(sd, ed - em + fb2 + 1) * _pow2(-(fb2 + 1))
+        sc = 0.0 if ec < em - fb - 1 else np.floor(sc * _pow2(ec - em + fb)) * _pow2(-fb)
         s, e = _norm((sd + sc) * _pow2(em), FP32_EMIN)
         s = np.floor(s * _pow2(fb2)) * _pow2(-fb2)
         tc[j] = np.float64(np.float32(s * _pow2(e))) + 0.0

@@ -33,6 +33,7 @@ bf16 and fp32 operand). NaN or inf among the terms gives their IEEE sum.
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Any
 
 import ml_dtypes
@@ -51,6 +52,7 @@ from ._jit import (
     OUT_TRUNC,
     OUT_TRUNC_INF,
     add_nb,
+    finish,
     fused_rows,
     gtr_rows,
     lead2,
@@ -352,6 +354,229 @@ def _matmul_nb(a, b, c, aw, bw, sa, sb, sw_a, sw_b, scheme, group, g, block, fb,
     return out
 
 
+# ------------------------------------------------------------------ the fast path of the units (finite inputs)
+_RB, _CB = 8, 64     # output tile of the fast kernels: rows x columns (a step's slice of B stays in L1)
+_PARALLEL_MACS = 1 << 24    # smaller calls run on one thread (a parallel launch costs more than it saves)
+
+
+@njit(cache=True)
+def _scan_nb(x, mbits, emin, fmax, zero_ok):   # pragma: no cover - compiled
+    """(finite values not representable in the format, non-finite values) of x, from the float64 bits: a
+    finite nonzero value is representable when |x| <= fmax and its significand has no bit set below
+    2^(max(e, emin) - mbits)."""
+    bad = 0
+    nonfin = 0
+    flat = x.reshape(-1)
+    one = np.int64(1)
+    for i in range(flat.size):
+        v = flat[i]
+        bits = np.float64(v).view(np.int64) & 0x7FFFFFFFFFFFFFFF
+        ef = bits >> 52
+        e = ef - 1023
+        shift = min(52 - mbits + max(emin - e, 0), 63)
+        low = (bits | (one << 52)) & ((one << shift) - one)
+        nonfin += ef == 0x7FF
+        isbad = (low != 0) | (abs(v) > fmax) | ((ef == 0) & (bits != 0))
+        bad += (ef != 0x7FF) & (isbad if bits != 0 else not zero_ok)
+    return bad, nonfin
+
+
+@njit(cache=True)
+def _lead2_nb(x, emin, out):   # pragma: no cover - compiled
+    """out[...] = :func:`lead2` of finite x, branch-free: 2^max(floor(log2 |x|), emin), 0 for 0."""
+    fx = x.reshape(-1)
+    fo = out.reshape(-1)
+    lt = out.dtype.type
+    for i in range(fx.size):
+        bits = np.float64(fx[i]).view(np.int64) & 0x7FFFFFFFFFFFFFFF
+        e = max((bits >> 52) - 1023, emin)
+        w = np.int64((1023 + e) << 52).view(np.float64)
+        fo[i] = lt(w if bits != 0 else 0.0)
+    return out
+
+
+@njit(inline="always")
+def _chain_rows(a, b, wa, wb, c, out, r0, r1,
+                group, fb, okind, om, oemin, cmin, zw, lane_lo, lane_hi):   # pragma: no cover
+    """Rows r0 ... r1 of :func:`_chain_nb`, column tile by column tile."""
+    kk = a.shape[1]
+    n = b.shape[1]
+    lt = a.dtype.type
+    one = np.int64(1)
+    cw = min(n, _CB)
+    mx = np.empty(cw, a.dtype)
+    acc = np.empty(cw, a.dtype)
+    invl = np.empty(cw, a.dtype)
+    inv = np.empty(cw)
+    tc = np.empty((r1 - r0, cw))
+    for j0 in range(0, n, _CB):
+        j1 = min(n, j0 + _CB)
+        w = j1 - j0
+        for r in range(r0, r1):
+            for j in range(w):
+                tc[r - r0, j] = c[r, j0 + j]
+        for t0 in range(0, kk, group):
+            for r in range(r0, r1):
+                ar = a[r]
+                war = wa[r]
+                tr = tc[r - r0]
+                for j in range(w):
+                    mx[j] = 0.0
+                    acc[j] = 0.0
+                for t in range(t0, t0 + group):
+                    x = war[t]
+                    wrow = wb[t]
+                    for j in range(w):
+                        v = x * wrow[j0 + j]
+                        mx[j] = v if v > mx[j] else mx[j]
+                for j in range(w):
+                    v = abs(tr[j])
+                    wm = max(max(v, cmin) if v != 0.0 else zw, np.float64(mx[j]))
+                    e = max(((np.float64(wm).view(np.int64) >> 52) & 0x7FF) - 1023, -1000)
+                    inv[j] = np.int64((1023 + fb - e) << 52).view(np.float64)
+                    invl[j] = lt(np.int64((1023 + fb - min(max(e, lane_lo), lane_hi)) << 52).view(np.float64))
+                for t in range(t0, t0 + group):
+                    x = ar[t]
+                    brow = b[t]
+                    for j in range(w):
+                        acc[j] += np.trunc(x * brow[j0 + j] * invl[j])
+                if okind == OUT_TRUNC_INF:        # truncate to e8m{om}, past 2^128 inf: on the bits, branch-free
+                    for j in range(w):
+                        v = tr[j]
+                        s = (np.float64(acc[j]) + np.trunc(v * inv[j])) / inv[j]
+                        bits = np.float64(s).view(np.int64)
+                        mag = bits & 0x7FFFFFFFFFFFFFFF
+                        e = (mag >> 52) - 1023
+                        shift = min(52 - om + max(oemin - e, 0), 63)
+                        mag = mag & ~((one << shift) - one) if shift <= 52 else 0
+                        mag = mag if mag < 0x47F0000000000000 else 0x7FF0000000000000       # 2^128 -> inf
+                        r = np.int64(mag | (bits & np.int64(-0x8000000000000000))).view(np.float64)
+                        tr[j] = r if v - v == 0.0 else v
+                else:
+                    for j in range(w):
+                        v = tr[j]
+                        if v - v == 0.0:          # finite
+                            tr[j] = finish((np.float64(acc[j]) + np.trunc(v * inv[j])) / inv[j], okind, om, oemin,
+                                           math.inf)
+        for r in range(r0, r1):
+            for j in range(w):
+                out[r, j0 + j] = tc[r - r0, j] + 0.0
+
+
+@njit(cache=True)
+def _chain_serial_nb(a, b, wa, wb, c, group, fb, okind, om, oemin, cmin, zw, lane_lo, lane_hi):   # pragma: no cover
+    """:func:`_chain_nb` on the calling thread alone (small calls: no thread pool to wake)."""
+    m = a.shape[0]
+    out = np.empty((m, b.shape[1]))
+    for q0 in range(0, m, _RB):
+        _chain_rows(a, b, wa, wb, c, out, q0, min(m, q0 + _RB), group, fb, okind, om, oemin, cmin, zw, lane_lo,
+                    lane_hi)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _chain_nb(a, b, wa, wb, c, group, fb, okind, om, oemin, cmin, zw, lane_lo, lane_hi, nth):   # pragma: no cover
+    """The T / ST chain for finite operands, nothing materialised per instruction; ``nth`` row blocks in
+    parallel (1: serial, for small calls on a shared machine).
+
+    ``a``, ``wa`` (m, K) and ``b``, ``wb`` (K, n) in the lane dtype (float32 where every product, every cut
+    term and their sums are exact in float32: FP8-or-narrower operands at small F; float64 otherwise);
+    ``wa``, ``wb`` are the operands' alignment weights 2^e (block scales folded in for ST), 0 for zero.
+    Per step and output row: pass 1 takes each output's largest product weight (multiply and max along
+    n: they vectorize), e_max joins the accumulator's weight (max(|c|, cmin), or zw for c = 0; a zero
+    product's weight zw never decides, since the accumulator's is >= zw); pass 2 sums trunc(p · 2^(F - e_max))
+    in the lanes (exact integers). ``lane_lo``: the smallest exponent a nonzero product's weight can have;
+    the lanes' grid is clamped there (below it every product is zero), so 2^(F - e) stays finite in them;
+    ``lane_hi``: F + 2 above the largest a product's weight can have, where the grid is clamped too (above
+    it every product cuts to zero anyway), so no cut runs through subnormals (slow) past an overflowed or
+    huge accumulator.
+    A non-finite accumulator (an overflowed step) stays as it is, as the IEEE sum with finite products."""
+    m = a.shape[0]
+    out = np.empty((m, b.shape[1]))
+    nblk = max(1, min(nth, (m + _RB - 1) // _RB)) if nth > 1 else 1
+    for blk in prange(nblk):
+        r0 = blk * m // nblk
+        r1 = (blk + 1) * m // nblk
+        for q0 in range(r0, r1, _RB):
+            _chain_rows(a, b, wa, wb, c, out, q0, min(r1, q0 + _RB), group, fb, okind, om, oemin, cmin, zw,
+                        lane_lo, lane_hi)
+    return out
+
+
+@njit(inline="always")
+def _gtr_rows_chain(a, b, wa, wb, c, out, r0, r1, group, fb, fb2):   # pragma: no cover - compiled
+    """Rows r0 ... r1 of the GTR chain (CDNA3), one row's step at a time through :func:`gtr_rows`."""
+    kk = a.shape[1]
+    n = b.shape[1]
+    prod = np.empty((group, n))
+    wts = np.empty((group, n))
+    tc = np.empty(n)
+    for r in range(r0, r1):
+        for j in range(n):
+            tc[j] = c[r, j]
+        for t0 in range(0, kk, group):
+            for t in range(t0, t0 + group):
+                x = a[r, t]
+                w = wa[r, t]
+                pr = prod[t - t0]
+                wr = wts[t - t0]
+                brow = b[t]
+                bwr = wb[t]
+                for j in range(n):
+                    pr[j] = x * brow[j]
+                    wr[j] = w * bwr[j]
+            gtr_rows(tc, prod, wts, group, n, fb, fb2)
+        for j in range(n):
+            out[r, j] = tc[j] + 0.0
+
+
+@njit(cache=True)
+def _gtr_serial_nb(a, b, wa, wb, c, group, fb, fb2):   # pragma: no cover - compiled
+    """The GTR chain on finite inputs, on the calling thread."""
+    out = np.empty((a.shape[0], b.shape[1]))
+    _gtr_rows_chain(a, b, wa, wb, c, out, 0, a.shape[0], group, fb, fb2)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _gtr_nb(a, b, wa, wb, c, group, fb, fb2, nth):   # pragma: no cover - compiled
+    """The GTR chain on finite inputs, ``nth`` row blocks in parallel."""
+    m = a.shape[0]
+    out = np.empty((m, b.shape[1]))
+    for blk in prange(nth):
+        _gtr_rows_chain(a, b, wa, wb, c, out, blk * m // nth, (blk + 1) * m // nth, group, fb, fb2)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _gst_chain_nb(c, v, nz, sa, sb, swa, swb, g0, g, block, nterm, fb, okind, om, cmin, zw):   # pragma: no cover
+    """The GST chain from the exact group sums ``v`` (G, m, n) of groups g0 ... g0 + G - 1 and their
+    nonzero-product counts ``nz``: each term is v · scale_a · scale_b, its weight the scales' weights
+    (zw for an all-zero group or a zero scale); ``nterm`` terms fused per step, rows in parallel."""
+    ng, m, n = v.shape
+    out = np.empty((m, n))
+    for r in prange(m):
+        tc = np.empty(n)
+        for j in range(n):
+            tc[j] = c[r, j]
+        p = np.empty((nterm, n))
+        w = np.empty((nterm, n))
+        scr = np.empty((3, n))
+        for s0 in range(0, ng, nterm):
+            for i in range(nterm):
+                blk = (g0 + s0 + i) * g // block
+                s_a = sa[r, blk]
+                w_a = swa[r, blk]
+                for j in range(n):
+                    scale = s_a * sb[blk, j]
+                    p[i, j] = np.float64(v[s0 + i, r, j]) * scale
+                    w[i, j] = zw if (nz[s0 + i, r, j] == 0.0 or scale == 0.0) else w_a * swb[blk, j]
+            fused_rows(tc, p, w, nterm, n, scr, fb, False, okind, om, FP32_EMIN, math.inf, cmin, zw, 12, False)
+        for j in range(n):
+            out[r, j] = tc[j] + 0.0
+    return out
+
+
 def operand_values(t: str) -> np.ndarray:
     """Every finite value of a 16-bit-or-narrower operand type (``bf16``, ``e4m3``, ``e2m1``, ``fp8`` ...), sorted."""
     if t not in OPERAND_TYPES or OPERAND_TYPES[t][2] > 2:
@@ -400,7 +625,30 @@ def _operand(x: Any, name: str, dtype_name: str, shape_ok: str) -> np.ndarray:
     return arr.astype(np.float64)
 
 
-def _representable(x: np.ndarray, name: str, tname: str, dtype_name: str) -> None:
+@cache
+def _format_of(dtype_name: str) -> tuple[int, int, float, bool]:
+    """(fraction bits, smallest normal exponent, largest finite, whether 0 is a value) of a type."""
+    dt = getattr(ml_dtypes, dtype_name, None) or np.dtype(dtype_name)
+    fi = ml_dtypes.finfo(dt)
+    zero = np.zeros(1).astype(dt).astype(np.float64)[0] == 0.0
+    return int(fi.nmant), int(fi.minexp), float(fi.max), bool(zero)
+
+
+def _emax(dtype_name: str) -> int:
+    """floor(log2) of a type's largest finite value."""
+    return math.frexp(_format_of(dtype_name)[2])[1] - 1
+
+
+def _representable(x: np.ndarray, name: str, tname: str, dtype_name: str) -> bool:
+    """Raise unless every value of x is one of the type's (compiled scan; ml_dtypes' round trip decides
+    the non-finite values and words the error). Returns whether every value is finite."""
+    bad, nonfinite = _scan_nb(x, *_format_of(dtype_name))
+    if bad or nonfinite:
+        _round_trip(x, name, tname, dtype_name)
+    return not nonfinite
+
+
+def _round_trip(x: np.ndarray, name: str, tname: str, dtype_name: str) -> None:
     dt = getattr(ml_dtypes, dtype_name, None) or np.dtype(dtype_name)
     with np.errstate(over="ignore", invalid="ignore"):
         back = x.astype(dt).astype(np.float64)
@@ -447,11 +695,12 @@ def matmul_unit(u: Unit, a: Any, b: Any, c: Any, scale_a: Any = None, scale_b: A
     cc = _operand(c, "c", "", "(m, n)")
     if cc.shape != (m, n):
         raise ValueError(f"parameter 'c' must be shaped (m, n) = {(m, n)}, got {cc.shape}")
+    finite = True
     for x, nm, t in ((aa, "a", u.a_type), (bb, "b", u.b_type)):
         if t == "tf32":
             x[...] = (x.astype(np.float32).view(np.int32) >> 13 << 13).view(np.float32)
-        _representable(x, nm, t, OPERAND_TYPES[t][0])
-    _representable(cc, "c", u.c_type, "float16" if u.c_type == "f16" else "float32")
+        finite &= _representable(x, nm, t, OPERAND_TYPES[t][0])
+    finite &= _representable(cc, "c", u.c_type, "float16" if u.c_type == "f16" else "float32")
     ones = np.ones((1, 1))
     sa = sb = swa = swb = ones
     if u.block:
@@ -467,16 +716,79 @@ def matmul_unit(u: Unit, a: Any, b: Any, c: Any, scale_a: Any = None, scale_b: A
         for x, nm in ((sa, "scale_a"), (sb, "scale_b")):
             if (x < 0).any():
                 raise ValueError(f"parameter {nm!r} must be non-negative ({u.scale_type} scales)")
-            _representable(x, nm, u.scale_type, sname)
+            finite &= _representable(x, nm, u.scale_type, sname)
         swa, swb = _weights_nb(sa, semin), _weights_nb(sb, semin)
     elif scale_a is not None or scale_b is not None:
         raise ValueError(f"parameters 'scale_a' / 'scale_b' apply only to block-scaled instructions, not {instr}")
     okind, om = _rounding_out(u.rounding)
     cmin = 2.0 ** (-14 if u.c_type == "f16" else FP32_EMIN)
     zw = 2.0 ** u.e_zero if u.scheme != "GTR" else 0.0
-    aw = _weights_nb(aa, OPERAND_TYPES[u.a_type][1])
-    bw = _weights_nb(bb, OPERAND_TYPES[u.b_type][1])
-    d = _matmul_nb(np.ascontiguousarray(aa), np.ascontiguousarray(bb), np.ascontiguousarray(cc), aw, bw, sa, sb,
-                   swa, swb, _SCHEMES[u.scheme], u.group, max(u.g, 1), max(u.block, 1), u.frac_bits, u.frac_bits2,
-                   okind, om, cmin, zw, numba.get_num_threads())
+    if finite and zw <= cmin and u.scheme in ("T", "ST"):
+        d = _fast_chain(u, aa, bb, cc, sa, sb, swa, swb, okind, om, cmin, zw)
+    elif finite and u.scheme == "GTR":
+        aw = _lead2_nb(aa, OPERAND_TYPES[u.a_type][1], np.empty(aa.shape))
+        bw = _lead2_nb(bb, OPERAND_TYPES[u.b_type][1], np.empty(bb.shape))
+        nth = numba.get_num_threads()
+        args = (aa, bb, aw, bw, np.ascontiguousarray(cc), u.group, u.frac_bits, u.frac_bits2)
+        d = _gtr_serial_nb(*args) if nth == 1 or m * kk * n < _PARALLEL_MACS else _gtr_nb(*args, min(nth, m))
+    elif finite and zw <= cmin and u.scheme == "GST" and u.a_type == u.b_type == "e2m1":
+        d = _fast_gst(u, aa, bb, cc, sa, sb, swa, swb, okind, om, cmin, zw)
+    else:
+        aw = _weights_nb(aa, OPERAND_TYPES[u.a_type][1])
+        bw = _weights_nb(bb, OPERAND_TYPES[u.b_type][1])
+        d = _matmul_nb(np.ascontiguousarray(aa), np.ascontiguousarray(bb), np.ascontiguousarray(cc), aw, bw, sa,
+                       sb, swa, swb, _SCHEMES[u.scheme], u.group, max(u.g, 1), max(u.block, 1), u.frac_bits,
+                       u.frac_bits2, okind, om, cmin, zw, numba.get_num_threads())
     return d.astype(np.float32)
+
+
+def _fast_chain(u: Unit, aa: np.ndarray, bb: np.ndarray, cc: np.ndarray, sa: np.ndarray, sb: np.ndarray,
+                swa: np.ndarray, swb: np.ndarray, okind: int, om: int, cmin: float, zw: float) -> np.ndarray:
+    """T and ST units on finite inputs (:func:`_chain_nb`): block scales folded into the operands and their
+    weights (exact: powers of two), float32 lanes where every product, cut term and step sum is exact."""
+    narrow = u.scheme == "T" and OPERAND_TYPES[u.a_type][2] == 1 and OPERAND_TYPES[u.b_type][2] == 1
+    lanes32 = narrow and u.group * 2 ** (u.frac_bits + 2) <= 2 ** 24
+    lt = np.float32 if lanes32 else np.float64
+    aw = _lead2_nb(aa, OPERAND_TYPES[u.a_type][1], np.empty(aa.shape, lt))
+    bw = _lead2_nb(bb, OPERAND_TYPES[u.b_type][1], np.empty(bb.shape, lt))
+    if u.scheme == "ST":
+        ra, rb = np.repeat(sa, u.block, axis=1), np.repeat(sb, u.block, axis=0)
+        aa, bb = aa * ra, bb * rb
+        aw, bw = aw * np.repeat(swa, u.block, axis=1), bw * np.repeat(swb, u.block, axis=0)
+    lane_lo = OPERAND_TYPES[u.a_type][1] + OPERAND_TYPES[u.b_type][1] if lanes32 else -1000
+    lane_hi = _emax(OPERAND_TYPES[u.a_type][0]) + _emax(OPERAND_TYPES[u.b_type][0]) + u.frac_bits + 2
+    if u.scheme == "ST":
+        lane_hi += 2 * _emax(SCALE_TYPES[u.scale_type][0])
+    oemin = -14 if okind == OUT_FP16 else FP32_EMIN
+    m, kk = aa.shape
+    args = (np.ascontiguousarray(aa, lt), np.ascontiguousarray(bb, lt), np.ascontiguousarray(aw, lt),
+            np.ascontiguousarray(bw, lt), np.ascontiguousarray(cc), u.group, u.frac_bits, okind, om, oemin, cmin, zw,
+            lane_lo, lane_hi)
+    nth = numba.get_num_threads()
+    if nth == 1 or m * kk * bb.shape[1] < _PARALLEL_MACS:
+        return _chain_serial_nb(*args)
+    return _chain_nb(*args, nth)
+
+
+_GST_CHUNK = 1 << 22     # group sums held at once (G x m x n float32): the chain runs chunk by chunk along K
+
+
+def _fast_gst(u: Unit, aa: np.ndarray, bb: np.ndarray, cc: np.ndarray, sa: np.ndarray, sb: np.ndarray,
+              swa: np.ndarray, swb: np.ndarray, okind: int, om: int, cmin: float, zw: float) -> np.ndarray:
+    """GST units on finite e2m1 operands: the exact 16-product group sums are float32 matrix products
+    (e2m1 products are multiples of 2^-2 below 36, so any order of summing is exact), then
+    :func:`_gst_chain_nb` scales and fuses them, a chunk of K at a time."""
+    m, kk = aa.shape
+    n = bb.shape[1]
+    g = u.g
+    nterm = u.group // g
+    a3 = aa.astype(np.float32).reshape(m, kk // g, g).transpose(1, 0, 2)
+    b3 = bb.astype(np.float32).reshape(kk // g, g, n)
+    step = max(nterm, (_GST_CHUNK // max(m * n, 1)) // nterm * nterm)
+    d = np.ascontiguousarray(cc)
+    for g0 in range(0, kk // g, step):
+        g1 = min(kk // g, g0 + step)
+        v = np.matmul(a3[g0:g1], b3[g0:g1])
+        nz = np.matmul((a3[g0:g1] != 0).astype(np.float32), (b3[g0:g1] != 0).astype(np.float32))
+        d = _gst_chain_nb(d, v, nz, sa, sb, swa, swb, g0, g, u.block, nterm, u.frac_bits, okind, om, cmin, zw)
+    return d
