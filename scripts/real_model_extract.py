@@ -12,21 +12,21 @@ Written to data/real_model/:
 
 - ``head_stats.csv``: one row per (layer, kv_head) over all tokens: for K before and after RoPE
   the largest channel-RMS ratio, outlier and persistent channels (ratio >= 4, as the post's
-  synthetic K; kvcost.realkv.channel_outlier_table), for V the largest token-norm ratio and
+  synthetic K; kvcost.inputs.extracts.channel_outlier_table), for V the largest token-norm ratio and
   outlier tokens (>= 6, as the post's synthetic V), and rho = RMS(V's channel means) /
   RMS(V's channel spreads).
 - ``query_stats.csv``: one row per (layer, query head) over the last 512 query rows: median
   score spread (std of the scaled scores q.k/sqrt(d) of a row), median weight on token 0 (the
   sink), median weight of the largest key.
-- ``smollm2_kv.npz`` (<= 4 MiB): kvcost.realkv's file format (``k`` = K after RoPE, ``v``,
+- ``smollm2_kv.npz`` (<= 4 MiB): kvcost.inputs.extracts's file format (``k`` = K after RoPE, ``v``,
   token arrays, ``meta``) for layers LAYERS and the first ``--keep`` tokens, plus ``k_pre``
   (K before RoPE) and ``q`` (queries after RoPE at the last 64 kept positions, ``q_pos``), all
-  float16. ``kvcost.realkv.load_real_kv`` reads it.
+  float16. ``kvcost.inputs.extracts.load_real_kv`` reads it.
 - ``smollm2_kv.json``: command, versions, date, digests of the inputs and outputs.
 
 ``--model gemma3-270m`` writes the same files for Gemma 3 270M to data/real_model/gemma3_270m/
 (``gemma3_270m_kv.npz`` / ``.json``; layers GEMMA_LAYERS), its window starting with BOS as the perplexity
-runs' do, its sliding-window layers attending through kvcost.realattention's banded attention. K is seen at
+runs' do, its sliding-window layers attending through kvcost.models.sliding_window's banded attention. K is seen at
 three stages there: ``k_proj``'s output (``k_pre``), after QK-norm (``k_norm``, before RoPE) and after RoPE
 (``k_post``); each row says the layer's attention type (``layer_type``: sliding or full), and a query's
 sink share (weight on token 0, BOS) is NaN in a sliding layer whose window no longer reaches token 0.
@@ -44,7 +44,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from kvcost import provenance, realattention, realkv, realmodel  # noqa: E402
+from kvcost import provenance  # noqa: E402
+from kvcost.inputs import extracts  # noqa: E402
+from kvcost.models import decoders, sliding_window  # noqa: E402
 
 TEXT = ROOT / "data" / "text" / "pride_and_prejudice.txt"
 OUT = ROOT / "data" / "real_model"
@@ -59,8 +61,8 @@ def head_stats(k_pre: np.ndarray, k_post: np.ndarray, v: np.ndarray, k_norm: np.
                kinds: list[str] | None = None) -> list[dict]:
     rows = []
     stages = (("k_pre", k_pre), *((("k_norm", k_norm),) if k_norm is not None else ()), ("k_post", k_post))
-    tables = {name: realkv.channel_outlier_table(x, 4.0) for name, x in stages}
-    vt = realkv.token_outlier_table(v, 6.0)
+    tables = {name: extracts.channel_outlier_table(x, 4.0) for name, x in stages}
+    vt = extracts.token_outlier_table(v, 6.0)
     for i, (layer, head) in enumerate(zip(vt["layer"], vt["head"])):
         vv = v[layer, head]
         mu, sd = vv.mean(axis=0), vv.std(axis=0)
@@ -113,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--keep", type=int, default=512, help="tokens kept in the extract")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--model", choices=list(realmodel.DECODERS), default=realmodel.DEFAULT_DECODER)
+    ap.add_argument("--model", choices=list(decoders.DECODERS), default=decoders.DEFAULT_DECODER)
     ap.add_argument("--out", type=Path, default=None, help="default data/real_model/[gemma3_270m/]")
     args = ap.parse_args(argv)
-    dec = realmodel.decoder(args.model)
-    smol = dec.name == realmodel.DEFAULT_DECODER
+    dec = decoders.decoder(args.model)
+    smol = dec.name == decoders.DEFAULT_DECODER
     args.out = args.out or (OUT if smol else OUT / dec.name.replace("-", "_"))
     stem = "smollm2_kv" if smol else f"{dec.name.replace('-', '_')}_kv"
     if not Q_ROWS <= args.keep <= args.tokens:
@@ -128,16 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    model, tok = realmodel.load(dec.name, args.threads)
+    model, tok = decoders.load(dec.name, args.threads)
     ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:args.tokens]
     if dec.bos_first:
-        ids = realmodel.window_tokens(ids, 0, len(ids), tok.bos_token_id)
+        ids = decoders.window_tokens(ids, 0, len(ids), tok.bos_token_id)
     n_layers = model.config.num_hidden_layers
     head_dim = model.config.head_dim if hasattr(model.config, "head_dim") else 64
-    kinds = realmodel.layer_types(model)
+    kinds = decoders.layer_types(model)
     k_pre, k_norm, k_post, v, q = ([None] * n_layers for _ in range(5))
     # a custom attention name gets no masks from transformers: sliding layers need the banded attention
-    inner = sdpa_attention_forward if smol else realattention.BandedAttention()
+    inner = sdpa_attention_forward if smol else sliding_window.BandedAttention()
 
     def record_q(module, query, key, value, attention_mask, **kwargs):
         q[module.layer_idx] = query[0].detach().numpy().copy()
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 k_norm[i] = out[0].detach().numpy().copy()
             hooks.append(lay.self_attn.k_norm.register_forward_hook(norm_hook))
     with torch.no_grad():
-        model(torch.tensor([ids]), past_key_values=realmodel.StoredCache("fp32", record=record_kv, model=model),
+        model(torch.tensor([ids]), past_key_values=decoders.StoredCache("fp32", record=record_kv, model=model),
               use_cache=True)
     for h in hooks:
         h.remove()
@@ -179,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     tokens = tok.convert_ids_to_tokens(ids[:keep])
     meta = {
         "model": dec.gguf, "dist": f"{dec.dist}=={dec.version}",
-        "gguf_sha256": realmodel.sha256(realmodel.gguf_path(dec.name)),
-        "text": str(TEXT.relative_to(ROOT)), "text_sha256": realmodel.sha256(TEXT),
+        "gguf_sha256": decoders.sha256(decoders.gguf_path(dec.name)),
+        "text": str(TEXT.relative_to(ROOT)), "text_sha256": decoders.sha256(TEXT),
         "forward_tokens": args.tokens, "kept_tokens": keep, "layers": lay, "q_rows": Q_ROWS,
         "k": "K after RoPE (what the cache stores)", "k_pre": "k_proj output, before RoPE",
-        "versions": realmodel.versions(dec.name),
+        "versions": decoders.versions(dec.name),
         **({} if smol else {"layer_types": kinds, "bos_first": True, "attention": "banded",
                             "k_norm": "K after QK-norm, before RoPE (head_stats only)", "terms": dec.terms,
                             "git_commit": provenance.git_commit()}),
@@ -198,11 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         "q_pos": np.arange(keep - Q_ROWS, keep, dtype=np.int32),
     }
     npz = args.out / f"{stem}.npz"
-    realkv.write_npz(npz, arrays)
+    extracts.write_npz(npz, arrays)
     prov = {
         "command": "python scripts/real_model_extract.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"), **meta,
-        "sha256": {p.name: realmodel.sha256(p) for p in (npz, args.out / "head_stats.csv",
+        "sha256": {p.name: decoders.sha256(p) for p in (npz, args.out / "head_stats.csv",
                                                          args.out / "query_stats.csv")},
         "bytes": npz.stat().st_size,
     }

@@ -6,7 +6,7 @@
     python -m kvcost.sweep run real_model_passkey            # the whole grid as a sweep (sweeps/)
 
 Trial i of a context puts the needle at depth (i + 0.5) / trials with seed 1000 * context + i
-(kvcost.experiments.realmodel_passkey.build_prompt). One CSV row per cell, appended as soon as a
+(kvcost.experiments.real_decoder_passkey.build_prompt). One CSV row per cell, appended as soon as a
 trial's variants are scored (data/real_model/passkey.csv): ``context, trial, depth, tokens,
 variant, success, margin, seconds``; cells already in the file are skipped. Provenance in
 passkey.json.
@@ -21,8 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a checkout without `make setup`
 
-from kvcost import provenance, realmodel
-from kvcost.experiments import realmodel_passkey as pk
+from kvcost import provenance
+from kvcost.experiments import real_decoder_passkey as pk
+from kvcost.models import decoders
 from kvcost.paths import repo_root
 from kvcost.script_args import checked, int_at_least
 
@@ -61,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    model, tok = realmodel.load("smollm2-135m", args.threads)
+    model, tok = decoders.load("smollm2-135m", args.threads)
     attn = pk.FA3Attention()
     attn.register(model)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         meta.write_text(json.dumps({
             "command": "python scripts/real_model_passkey.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "started": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-            "versions": realmodel.versions(), "gguf_sha256": realmodel.sha256(realmodel.find_gguf()),
+            "versions": decoders.versions(), "gguf_sha256": decoders.sha256(decoders.find_gguf()),
         }, indent=1, sort_keys=True) + "\n")
     done = provenance.finished_keys(args.out, [("context", int), ("trial", int), ("variant", str)])
     with provenance.appending(args.out, FIELDS) as write:

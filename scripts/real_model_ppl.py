@@ -9,7 +9,7 @@
 Text: data/text/pride_and_prejudice.txt, tokenized without special tokens; its first
 ``--tokens`` tokens (default 16,384) are cut into consecutive windows of ``--context`` tokens.
 Each window is one forward pass with a fresh cache whose K (after RoPE) and V are stored in the
-format (kvcost.realmodel.StoredCache: every query reads the stored values, as llama.cpp's cache
+format (kvcost.models.decoders.StoredCache: every query reads the stored values, as llama.cpp's cache
 does; block formats cut K's blocks in llama.cpp's channel order, ``<format>@hf`` in transformers' —
 sweep real_model_layout). As llama.cpp's perplexity tool does, only the second half of a window is scored: logits at
 positions C/2 .. C-2 predict tokens C/2+1 .. C-1 (C/2 - 1 predictions per window).
@@ -20,12 +20,12 @@ One CSV row per (context, window, format), appended as soon as it is computed
 ``top1_fp16`` (predictions whose top-1 token equals the reference's), ``correct`` (top-1 is the
 target), ``seconds``. The fp32 and fp16 rows of a window are computed first (the references).
 
-``--model`` picks the decoder (kvcost.realmodel.DECODERS; SmolLM2-135M by default). Gemma 3 270M's rows
+``--model`` picks the decoder (kvcost.models.decoders.DECODERS; SmolLM2-135M by default). Gemma 3 270M's rows
 go to data/real_model/gemma3_270m/ppl_windows.csv; its sliding-window layers attend through the banded
 attention (``--attention banded``, its default: the stock logits to float32 rounding, ``make bench``), each
 window starts with BOS in place of its first token (llama.cpp's perplexity tool does so for a GGUF with
 ``add_bos_token``), and its metrics are computed ``--row-chunk`` rows at a time from the final hidden states
-(kvcost.realmodel.chunked_window_metrics: its 262,144-token vocabulary would make a window's logits 1 GiB
+(kvcost.models.decoders.chunked_window_metrics: its 262,144-token vocabulary would make a window's logits 1 GiB
 per format). A window's rows are then written together, once all its formats are computed. SmolLM2's
 defaults are its committed runs' (stock attention, no BOS, all rows at once).
 """
@@ -41,12 +41,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a checkout without `make setup`
 
-from kvcost import provenance, realmodel
+from kvcost import provenance
+from kvcost.models import decoders
 from kvcost.paths import repo_root
 from kvcost.script_args import checked, int_at_least
 
 ROOT = repo_root()
-TEXT = realmodel.TEXT
+TEXT = decoders.TEXT
 OUT = ROOT / "data" / "real_model" / "ppl_windows.csv"
 #: Where each decoder's rows go by default.
 OUTS = {"smollm2-135m": OUT, "gemma3-270m": ROOT / "data" / "real_model" / "gemma3_270m" / "ppl_windows.csv"}
@@ -68,12 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--windows", type=int_at_least(0), default=None, help="at most this many windows (the first ones)")
     ap.add_argument("--window", type=int_at_least(0), nargs="+", default=None,
                     help="only these windows (0-based; a sweep runs one window per run)")
-    ap.add_argument("--formats", type=checked(realmodel.parse_format), nargs="+", default=DEFAULT_FORMATS,
+    ap.add_argument("--formats", type=checked(decoders.parse_format), nargs="+", default=DEFAULT_FORMATS,
                     help="storage formats (fp32 and fp16, the references, are always run)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--model", choices=list(realmodel.DECODERS), default=realmodel.DEFAULT_DECODER,
+    ap.add_argument("--model", choices=list(decoders.DECODERS), default=decoders.DEFAULT_DECODER,
                     help="the decoder (default %(default)s)")
-    ap.add_argument("--attention", choices=list(realmodel.ATTENTIONS), default=None,
+    ap.add_argument("--attention", choices=list(decoders.ATTENTIONS), default=None,
                     help="stock or banded (default: banded for a decoder with sliding-window layers)")
     ap.add_argument("--row-chunk", type=int_at_least(0), default=None,
                     help="metrics this many rows at a time from the hidden states (0: all logits at once; "
@@ -81,10 +82,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="the CSV rows are appended to (provenance beside it; "
                     "default per model: data/real_model/[gemma3_270m/]ppl_windows.csv)")
     args = ap.parse_args(argv)
-    dec = realmodel.decoder(args.model)
+    dec = decoders.decoder(args.model)
     args.out = args.out or OUTS[dec.name]
     args.attention = args.attention or ("banded" if dec.sliding_window else "stock")
-    args.row_chunk = (256 if dec.name != realmodel.DEFAULT_DECODER else 0) if args.row_chunk is None else args.row_chunk
+    args.row_chunk = (256 if dec.name != decoders.DEFAULT_DECODER else 0) if args.row_chunk is None else args.row_chunk
     args.window_list = list(range(args.tokens // args.context))
     if args.window is not None:
         if max(args.window) >= len(args.window_list):
@@ -103,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    dec = realmodel.decoder(args.model)
-    model, tok = realmodel.load(dec.name, args.threads, attention=args.attention)
+    dec = decoders.decoder(args.model)
+    model, tok = decoders.load(dec.name, args.threads, attention=args.attention)
     ids = tok(provenance.checked(TEXT).read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
     bos = tok.bos_token_id if dec.bos_first else None
     if len(ids) < args.tokens:
@@ -115,20 +116,20 @@ def main(argv: list[str] | None = None) -> int:
         meta.write_text(json.dumps({
             "command": "python scripts/real_model_ppl.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "started": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-            "versions": realmodel.versions(dec.name), "gguf_sha256": realmodel.sha256(realmodel.gguf_path(dec.name)),
-            "text": str(TEXT.relative_to(ROOT)), "text_sha256": realmodel.sha256(TEXT), "text_tokens": len(ids),
-            **({} if dec.name == realmodel.DEFAULT_DECODER else {
+            "versions": decoders.versions(dec.name), "gguf_sha256": decoders.sha256(decoders.gguf_path(dec.name)),
+            "text": str(TEXT.relative_to(ROOT)), "text_sha256": decoders.sha256(TEXT), "text_tokens": len(ids),
+            **({} if dec.name == decoders.DEFAULT_DECODER else {
                 "model": dec.name, "gguf": dec.gguf, "attention": args.attention, "bos_first": dec.bos_first,
                 "row_chunk": args.row_chunk, "git_commit": provenance.git_commit(), "terms": dec.terms}),
         }, indent=1, sort_keys=True) + "\n")
-    done = provenance.finished_keys(args.out, realmodel.WINDOW_KEY)
-    with provenance.appending(args.out, realmodel.WINDOW_FIELDS) as write:
+    done = provenance.finished_keys(args.out, decoders.WINDOW_KEY)
+    with provenance.appending(args.out, decoders.WINDOW_FIELDS) as write:
         c = args.context
         for w in windows:
             todo = [f for f in formats if (c, w, f) not in done]
             if not todo:
                 continue
-            x = torch.tensor([realmodel.window_tokens(ids, w, c, bos)])
+            x = torch.tensor([decoders.window_tokens(ids, w, c, bos)])
             targets = x[0, c // 2 + 1:]
             if args.row_chunk:
                 _chunked_window(model, x, targets, c, w, formats, todo, args.row_chunk, write)
@@ -142,20 +143,20 @@ def main(argv: list[str] | None = None) -> int:
                     logits = cached[fmt]
                 else:
                     with torch.no_grad():
-                        logits = model(x, past_key_values=realmodel.StoredCache(fmt, model=model), use_cache=True,
+                        logits = model(x, past_key_values=decoders.StoredCache(fmt, model=model), use_cache=True,
                                        logits_to_keep=c // 2).logits[0, :-1]
                 if fmt == "fp32":          # both references before any row: fp32 then fp16
                     refs.append(torch.log_softmax(logits.to(torch.float64), dim=-1))
                     seconds = {"fp32": time.perf_counter() - t0}
                     t1 = time.perf_counter()
                     with torch.no_grad():
-                        cached["fp16"] = model(x, past_key_values=realmodel.StoredCache("fp16", model=model),
+                        cached["fp16"] = model(x, past_key_values=decoders.StoredCache("fp16", model=model),
                                                use_cache=True, logits_to_keep=c // 2).logits[0, :-1]
                     seconds["fp16"] = time.perf_counter() - t1
                     refs.append(torch.log_softmax(cached["fp16"].to(torch.float64), dim=-1))
                 if fmt not in todo:
                     continue
-                m = realmodel.token_metrics(logits, targets, refs)
+                m = decoders.token_metrics(logits, targets, refs)
                 row = {"context": c, "window": w, "format": fmt, "n": int(m["nll"].size),
                        "nll_sum": repr(float(m["nll"].sum())),
                        "kl_fp32_sum": repr(float(m["kl0"].sum())), "kl_fp16_sum": repr(float(m["kl1"].sum())),
@@ -181,12 +182,12 @@ def _chunked_window(model, x, targets, c: int, w: int, formats: list[str], todo:
             continue
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = model.model(input_ids=x, past_key_values=realmodel.StoredCache(fmt, model=model), use_cache=True)
+            out = model.model(input_ids=x, past_key_values=decoders.StoredCache(fmt, model=model), use_cache=True)
         hidden[fmt] = out.last_hidden_state[0, c // 2:c - 1]
         seconds[fmt] = time.perf_counter() - t0
         print(f"context {c} window {w} {fmt}: forward {seconds[fmt]:.1f} s", flush=True)
     t0 = time.perf_counter()
-    sums = realmodel.chunked_window_metrics(model, hidden, targets, rows=rows)
+    sums = decoders.chunked_window_metrics(model, hidden, targets, rows=rows)
     head = (time.perf_counter() - t0) / len(hidden)           # the heads' time, shared evenly
     for fmt in (f for f in formats if f in todo):
         m = sums[fmt]

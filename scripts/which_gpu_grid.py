@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from kvcost import provenance
-from kvcost.experiments import longrange as lr
 from kvcost.experiments import which_gpu as wg
 from kvcost.numerics import kernels
+from kvcost.retrieval import haystacks, measure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         df = df[df["kernel"].isin(args.kernels)]
     df = df.reset_index(drop=True)
     df.to_csv(csv, index=False, lineterminator="\n")
-    src = lr.SOURCES["smollm2"][0]
+    src = haystacks.SOURCES["smollm2"][0]
     prov = {"command": "nice -n 10 .venv/bin/python scripts/which_gpu_grid.py " + " ".join(
                 f"'{a}'" if " " in a else a for a in (sys.argv[1:] if argv is None else argv)),
             "date": datetime.date.today().isoformat(), "git_commit": provenance.git_commit(), "cpus": os.cpu_count(),
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                        provenance.sha256(ROOT / "data" / "attention_kernels.csv")},
             "parameters": {"what": args.what, "contexts": args.contexts, "heads": args.heads, "trials": args.trials,
                            "needle_weight": args.needle_weight, "seed": args.seed, "phase": args.phase,
-                           "kernels": args.kernels if args.what == "grid" else [], "keep": list(lr.KEEP),
+                           "kernels": args.kernels if args.what == "grid" else [], "keep": list(measure.KEEP),
                            "head_labels": [h.label for h in heads]},
             "rows": len(df), "run_seconds_this_session": round(time.time() - t0),
             "sha256": {csv.name: provenance.sha256(csv)}}

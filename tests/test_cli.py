@@ -4,7 +4,8 @@ import resource
 import subprocess
 import sys
 
-from kvcost import cli, models
+from kvcost import cli
+from kvcost.models import registry
 
 
 def test_json_plan_llama_q8_0(capsys) -> None:
@@ -49,15 +50,15 @@ def test_a_config_path_is_named_by_the_config_or_the_cache_never_by_a_hash_folde
     snap = tmp_path / "models--acme--Tiny-2B" / "snapshots" / "0f3c9a1e"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text(json.dumps(cfg))
-    assert models.config_name(snap / "config.json") == "acme/Tiny-2B"          # not "0f3c9a1e"
-    assert models.config_name(snap) == "acme/Tiny-2B"
+    assert registry.config_name(snap / "config.json") == "acme/Tiny-2B"          # not "0f3c9a1e"
+    assert registry.config_name(snap) == "acme/Tiny-2B"
     (snap / "config.json").write_text(json.dumps({**cfg, "_name_or_path": "acme/Tiny-2B-Instruct"}))
-    assert models.config_name(snap / "config.json") == "acme/Tiny-2B-Instruct"  # the config's own name first
+    assert registry.config_name(snap / "config.json") == "acme/Tiny-2B-Instruct"  # the config's own name first
     plain = tmp_path / "downloads"
     plain.mkdir()
     (plain / "config.json").write_text(json.dumps(cfg))
-    assert models.config_name(plain / "config.json") == str(plain / "config.json")
-    assert models.resolve(str(plain / "config.json")).name == str(plain / "config.json")
+    assert registry.config_name(plain / "config.json") == str(plain / "config.json")
+    assert registry.resolve(str(plain / "config.json")).name == str(plain / "config.json")
 
 
 def test_errors_exit_2_with_one_line_naming_the_flag(capsys, tmp_path) -> None:

@@ -4,32 +4,34 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvcost import engine_logs, evidence, fleet, llamacpp, models, vllm
 from kvcost.claims import plan as plan_claims
+from kvcost.engines import llamacpp, logs, vllm
 from kvcost.experiments import plan as plan_exp
+from kvcost.models import registry
+from kvcost.planning import evidence, fleet
 from kvcost.units import GIB, MIB
 
 
-@pytest.mark.parametrize("row", engine_logs.llamacpp_rows(), ids=lambda r: r["id"])
+@pytest.mark.parametrize("row", logs.llamacpp_rows(), ids=lambda r: r["id"])
 def test_llamacpp_log_lines(row) -> None:
-    res = engine_logs.check_llamacpp(row)
+    res = logs.check_llamacpp(row)
     assert res["agrees"] == (row["expect"] == "explained"), (res["predicted"], row["log_line"])
 
 
-@pytest.mark.parametrize("row", engine_logs.vllm_rows(), ids=lambda r: r["id"])
+@pytest.mark.parametrize("row", logs.vllm_rows(), ids=lambda r: r["id"])
 def test_vllm_log_lines(row) -> None:
-    res = engine_logs.check_vllm(row)
+    res = logs.check_vllm(row)
     assert res["agrees"] == (row["expect"] == "explained"), (res.get("predicted"), row["log_line"])
     if row["expect"] != "explained":
         assert len(row["note"]) > 40                      # every unexplained line says why
 
 
 def test_enough_real_lines_with_sources() -> None:
-    ll, vl = engine_logs.llamacpp_rows(), engine_logs.vllm_rows()
+    ll, vl = logs.llamacpp_rows(), logs.vllm_rows()
     assert all(r["source"] and r["log_line"] for r in ll + vl)
     # counted: lines a reader can follow to a public URL showing them (second-hand and unlocated rows are checked,
     # never counted)
-    assert len(engine_logs.first_hand(ll)) >= 15 and len(engine_logs.first_hand(vl)) >= 10
+    assert len(logs.first_hand(ll)) >= 15 and len(logs.first_hand(vl)) >= 10
     for r in ll + vl:
         assert not r["source"].startswith("code-index"), r["id"]            # an index id is not a citation
         if r["provenance"] == "first-hand":
@@ -40,12 +42,12 @@ def test_enough_real_lines_with_sources() -> None:
             assert ("NOT COUNTED" in r["note"]) == (r["provenance"] == "unlocated"), r["id"]
             assert r["provenance"] == "unlocated" or r["note"].startswith("SECOND-HAND"), r["id"]
     with pytest.raises(ValueError, match="provenance"):
-        engine_logs.first_hand([{"id": "x", "provenance": "hearsay", "source": "https://x"}])
+        logs.first_hand([{"id": "x", "provenance": "hearsay", "source": "https://x"}])
 
 
 def test_every_row_is_checked_and_unexplained_rows_say_why() -> None:
-    results = engine_logs.check_all()
-    assert len(results) == len(engine_logs.llamacpp_rows()) + len(engine_logs.vllm_rows())
+    results = logs.check_all()
+    assert len(results) == len(logs.llamacpp_rows()) + len(logs.vllm_rows())
     unexplained = [r for r in results if r["expect"] == "unexplained"]
     assert {r["id"] for r in unexplained} == {"qwen3_235b_tp4", "unnamed_fp8_100k", "unnamed_2k",
                                               "qwen3_8b_4090_mnbt2048", "qwen3_8b_4090_mnbt8192"}
@@ -56,7 +58,7 @@ def test_every_row_is_checked_and_unexplained_rows_say_why() -> None:
 
 
 def test_llamacpp_padding_and_streams() -> None:
-    g = models.load_model("Llama-3.1-8B")
+    g = registry.load_model("Llama-3.1-8B")
     a = llamacpp.allocate(g, 35000)
     assert a.cells == 35072 and a.n_ctx_padded == 35072                  # GGML_PAD(n_ctx, 256)
     a4 = llamacpp.allocate(g, 8192, n_seq=4)
@@ -69,7 +71,7 @@ def test_llamacpp_padding_and_streams() -> None:
 
 
 def test_llamacpp_swa_rules() -> None:
-    g = models.load_model("gpt-oss-20b")
+    g = registry.load_model("gpt-oss-20b")
     a = llamacpp.allocate(g, 131072)
     swa = next(b for b in a.buffers if b.cache == "swa")
     assert swa.cells == 768                                              # pad(128 + 512, 256)
@@ -82,9 +84,9 @@ def test_llamacpp_swa_rules() -> None:
 
 
 def test_llamacpp_mla_latent_and_recurrent_state() -> None:
-    d = llamacpp.allocate(models.load_model("DeepSeek-V3"), 4096)
+    d = llamacpp.allocate(registry.load_model("DeepSeek-V3"), 4096)
     assert d.buffers[0].v_bytes == 0 and d.kv_bytes == 61 * 4096 * 576 * 2
-    n = llamacpp.allocate(models.load_model("Nemotron-3-Nano-30B-A3B"), 4096, n_seq=2)
+    n = llamacpp.allocate(registry.load_model("Nemotron-3-Nano-30B-A3B"), 4096, n_seq=2)
     rec = next(b for b in n.buffers if b.cache == "recurrent")
     assert rec.cells == 2 and rec.type_k == "f32"
 
@@ -96,16 +98,16 @@ def test_cpu_fallback_warning() -> None:
 
 
 def test_vllm_rules() -> None:
-    g = models.load_model("Llama-3.1-8B")
+    g = registry.load_model("Llama-3.1-8B")
     p = vllm.plan(g, 20.0, max_model_len=131072)
     assert p.page_bytes == 16 * 8 * 256 * 2 and p.num_blocks == 20 * GIB // p.page_bytes // 32
     assert p.kv_tokens == p.num_blocks * 16 and p.max_concurrency == p.num_blocks / 8192
     tp16 = vllm.plan(g, 20.0, tp=16, max_model_len=131072)                # 8 KV heads < 16 ranks: replicated
     assert tp16.kv_heads_per_rank == 1 and tp16.warnings
-    o = vllm.plan(models.load_model("gpt-oss-20b"), 20.0)
+    o = vllm.plan(registry.load_model("gpt-oss-20b"), 20.0)
     assert o.groups == ("full", "sliding") and o.kv_tokens == o.num_blocks // 2 * 16
     assert o.blocks_per_request == 8192 + (-(-(128 - 1 + 2048) // 16) + 1)
-    ds = models.load_model("DeepSeek-V3")
+    ds = registry.load_model("DeepSeek-V3")
     assert vllm.page_bytes(ds, 16, kv_cache_dtype="fp8_ds_mla") == 16 * 656
     assert vllm.page_bytes(ds, 16, kv_cache_dtype="fp8") == 16 * 576
     with pytest.raises(ValueError, match="--kv-cache-dtype"):
@@ -123,25 +125,25 @@ def test_fleet_accuracy_lookup_with_interval(tmp_path) -> None:
     assert evidence.accuracy_lookup(path, "q8_0/q8_0", 131072) == (9, 10, 4096, 0, 0)
     assert evidence.accuracy_lookup(path, "q4_0/q4_0", 131072) is None
     assert evidence.accuracy_lookup(tmp_path / "missing.csv", "q8_0/q8_0", 131072) is None
-    f = fleet.plan(models.load_model("Llama-3.1-8B"), "Llama-3.1-8B", "H100-80GB", 131072, dtypes=["q8_0"],
+    f = fleet.plan(registry.load_model("Llama-3.1-8B"), "Llama-3.1-8B", "H100-80GB", 131072, dtypes=["q8_0"],
                    accuracy_csv=path)
     assert f.rows[0].accuracy == ("needle table storage_formats.csv (a synthetic haystack, not a decoder): needle "
                                   "9/10 = 90% [60%, 98%] at 4,096 tokens (shorter than the planned 131,072)")
 
 
 def test_fleet_weights_budget_and_warnings() -> None:
-    g = models.load_model("gpt-oss-20b")
+    g = registry.load_model("gpt-oss-20b")
     f = fleet.plan(g, "gpt-oss-20b", "RTX-4090", 131072)
     # MXFP4 experts (19,110,297,600 parameters at 4.25 bits) and the other 1,804,459,584 in bf16: 12.82 GiB
     assert f.weights_gib == (19110297600 * 17 // 32 + 1804459584 * 2) / GIB
     assert round(f.weights_gib, 2) == 12.82
     assert any("--swa-full" in w for w in f.warnings)
-    big = fleet.plan(models.load_model("Llama-2-7B"), "Llama-2-7B", "RTX-4090", 8192, concurrency=64)
+    big = fleet.plan(registry.load_model("Llama-2-7B"), "Llama-2-7B", "RTX-4090", 8192, concurrency=64)
     assert any("asked" in w for r in big.rows for w in r.warnings)
-    assert fleet.plan(models.load_model("Llama-2-7B"), "Llama-2-7B", "RTX-4090", 8192).rows[0].requests >= 1
+    assert fleet.plan(registry.load_model("Llama-2-7B"), "Llama-2-7B", "RTX-4090", 8192).rows[0].requests >= 1
     with pytest.raises(ValueError, match="--gpus"):
         fleet.plan(g, "gpt-oss-20b", "H100-80GB", 4096, n_gpus=3, tp=2)
-    over = fleet.plan(models.load_model("Qwen3-8B"), "Qwen3-8B", "H100-80GB", 131072)
+    over = fleet.plan(registry.load_model("Qwen3-8B"), "Qwen3-8B", "H100-80GB", 131072)
     assert any("max_position_embeddings" in w for w in over.warnings)
 
 

@@ -1,12 +1,12 @@
-"""experiments.flat_sum and claims.flat_sum: the post's Block 3 loop, notebook 04's tables and verdict."""
+"""experiments.accumulator_floor and claims.accumulator_floor: the post's Block 3 loop, notebook 04's tables and verdict."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from kvcost.claims import flat_sum as claims
-from kvcost.experiments import flat_sum
+from kvcost.claims import accumulator_floor as claims
+from kvcost.experiments import accumulator_floor
 
 
 # ------------------------------------------------------------ the post's Block 3
@@ -14,31 +14,31 @@ from kvcost.experiments import flat_sum
 @pytest.mark.parametrize("kind", ["fp32", "fp16", "bf16"])
 def test_post_flat_sum_equals_the_post_loop(n, kind):
     for two in (False, True):
-        assert flat_sum.post_flat_sum(n, kind, two) == flat_sum.post_flat_sum_literal(n, kind, two)
+        assert accumulator_floor.post_flat_sum(n, kind, two) == accumulator_floor.post_flat_sum_literal(n, kind, two)
 
 
 def test_post_table_digits():
     want = {64: (1, 1, 1), 1024: (1, 1, 0.25), 4096: (1, 0.5, 0.0625), 131072: (1, 0.015625, 0.001953125)}
     for n, row in want.items():
-        got = tuple(flat_sum.post_flat_sum(n, k) for k in ("fp32", "fp16", "bf16"))
+        got = tuple(accumulator_floor.post_flat_sum(n, k) for k in ("fp32", "fp16", "bf16"))
         assert got == row
-        assert flat_sum.post_flat_sum(n, "bf16", two_level=True) == 1.0
+        assert accumulator_floor.post_flat_sum(n, "bf16", two_level=True) == 1.0
 
 
 def test_post_literal_is_the_post_code():
-    src = Path(flat_sum.__file__).read_text()
+    src = Path(accumulator_floor.__file__).read_text()
     assert "np.uint32((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)" in src
 
 
 # ------------------------------------------------------------ notebook helpers
 def test_flat_sum_table_and_reproduction_checks():
-    t = flat_sum.flat_sum_table([64, 256, 1024, 4096, 16384, 65536, 131072])
+    t = accumulator_floor.flat_sum_table([64, 256, 1024, 4096, 16384, 65536, 131072])
     assert list(t.columns) == ["n", "fp32_flat", "fp16_flat", "bf16_flat", "bf16_two_level"]
     checks = claims.reproduction_checks(t)
     assert len(checks) == 7 * 4 + 3 * 2 and all(c.agrees for c in checks)
-    text = flat_sum.post_table_text(t)
+    text = accumulator_floor.post_table_text(t)
     assert "   131072    1.000000    0.015625    0.001953      1.000000" in text
-    assert flat_sum.post_ulp_lines()[2].startswith("  bf16: 1 ULP at a sum of 1.0 = 2^-8 = 0.003906")
+    assert accumulator_floor.post_ulp_lines()[2].startswith("  bf16: 1 ULP at a sum of 1.0 = 2^-8 = 0.003906")
     # a wrong value is caught
     bad = t.copy()
     bad.loc[2, "bf16_flat"] = 0.5
@@ -57,10 +57,10 @@ def test_errata_verdicts():
 
 
 def test_strategy_and_stall_tables():
-    s = flat_sum.strategy_table([1024, 1000], block=128).set_index("n")
+    s = accumulator_floor.strategy_table([1024, 1000], block=128).set_index("n")
     assert s.loc[1024, "post_two_level"] == 1.0 and s.loc[1024, "bf16_flat"] == 0.25
-    assert s.loc[1000, "post_two_level"] == flat_sum.post_flat_sum_literal(1000, "fp32")
-    st_ = flat_sum.stall_table(("fp16", "bf16")).set_index("format")
+    assert s.loc[1000, "post_two_level"] == accumulator_floor.post_flat_sum_literal(1000, "fp32")
+    st_ = accumulator_floor.stall_table(("fp16", "bf16")).set_index("format")
     assert st_.loc["fp16", "limit_n"] == 2048 and st_.loc["bf16", "sum_at_2x_limit"] == 0.5
 
 
@@ -68,6 +68,6 @@ def test_strategy_and_stall_tables():
 
 def test_post_flat_sum_bad_input():
     with pytest.raises(ValueError, match="kind"):
-        flat_sum.post_flat_sum(8, "fp8")
+        accumulator_floor.post_flat_sum(8, "fp8")
     with pytest.raises(ValueError, match="n"):
-        flat_sum.post_flat_sum(0, "fp16")
+        accumulator_floor.post_flat_sum(0, "fp16")

@@ -3,7 +3,7 @@ from fractions import Fraction
 
 import pytest
 
-from kvcost import formats
+from kvcost.storage import formats
 
 
 @pytest.mark.parametrize("name, nbytes", [("fp32", 4), ("bf16", 2), ("fp16", 2), ("f16", 2), ("f32", 4),

@@ -4,44 +4,46 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvcost import paths, realkv
-from kvcost.claims import beyond_flat
-from kvcost.claims import longrange as claims
-from kvcost.experiments import longrange as lr
+from kvcost import paths
+from kvcost.claims import accumulation_beyond_flat
+from kvcost.claims import long_range_needle as claims
+from kvcost.experiments import long_range_needle as lr
+from kvcost.inputs import extracts
+from kvcost.retrieval import haystacks, measure
 
 
 @pytest.fixture(scope="module")
 def profiles():
-    return lr.head_profiles(realkv.load_real_kv())
+    return haystacks.head_profiles(extracts.load_real_kv())
 
 
 def test_profiles_carry_the_real_channel_mean_ratio(profiles):
-    t = lr.profile_table(profiles)
+    t = haystacks.profile_table(profiles)
     assert len(t) == 72
     assert 0.30 < t["rho"].median() < 0.36            # the issue's measurement: median 0.33
     assert 0.8 < t["rho"].max() < 0.9
-    picked = lr.pick_profiles(profiles, 3)
+    picked = haystacks.pick_profiles(profiles, 3)
     assert [p.rho for p in picked] == sorted(p.rho for p in picked)
     assert picked[-1].rho == t["rho"].max()
 
 
 def test_decoder_profiles_carry_real_sinks():
-    ps = lr.load_profiles("smollm2")
-    t = lr.profile_table(ps)
+    ps = haystacks.load_profiles("smollm2")
+    t = haystacks.profile_table(ps)
     assert len(t) == 15                                  # 5 layers x 3 KV heads in the extract
     assert t["sink_share"].between(0, 1).all() and (t["sink_share"] > 0.1).sum() >= 3
     assert 0.2 < t["rho"].median() < 0.6
     with pytest.raises(ValueError, match="'source'"):
-        lr.load_profiles("bert")
+        haystacks.load_profiles("bert")
 
 
 def test_haystack_is_deterministic_and_its_metrics_are_exact_on_the_reference(profiles):
-    p = lr.pick_profiles(profiles, 1)[0]
-    h = lr.make_haystack(p, 4096, 64, 0.05, seed=3)
-    h2 = lr.make_haystack(p, 4096, 64, 0.05, seed=3)
+    p = haystacks.pick_profiles(profiles, 1)[0]
+    h = haystacks.make_haystack(p, 4096, 64, 0.05, seed=3)
+    h2 = haystacks.make_haystack(p, 4096, 64, 0.05, seed=3)
     assert np.array_equal(h.k, h2.k) and np.array_equal(h.v, h2.v)
     assert 0.025 < h.weight < 0.1                      # the stored keys move the weight a little
-    m = lr.metrics(h, h.ref)
+    m = measure.metrics(h, h.ref)
     assert m["rel_l2"] == 0.0 and abs(m["gain"] - 1) < 1e-12 and abs(m["share"] - 1) < 1e-9 and m["retrieved"]
     # V has the head's channel means: rho of the drawn values is the profile's (within sampling)
     v = h.v.astype(np.float64)
@@ -50,7 +52,7 @@ def test_haystack_is_deterministic_and_its_metrics_are_exact_on_the_reference(pr
 
 
 def test_error_grows_with_context_and_the_fixes_remove_it(profiles):
-    p = lr.pick_profiles(profiles, 1)
+    p = haystacks.pick_profiles(profiles, 1)
     g = lr.context_grid(p, [2048, 32768], d=64, trials=1, needle_weight=0.05, seed=0,
                         fixes=["no fix", "PR #104 every tile"], block_n=128)
     e = g.set_index(["n_tokens", "fix"])["rel_l2"]
@@ -60,7 +62,7 @@ def test_error_grows_with_context_and_the_fixes_remove_it(profiles):
 
 
 def test_the_loss_is_in_acc_o(profiles):
-    p = lr.pick_profiles(profiles, 1)
+    p = haystacks.pick_profiles(profiles, 1)
     w = lr.where_grid(p, 32768, d=64, trials=1, needle_weight=0.05, seed=0, block_n=128)
     e = w.set_index("variant")["rel_l2"]
     assert e["exact acc_o"] < e["kernel"] / 5
@@ -78,26 +80,27 @@ def test_scaling_fit_collapse_and_level():
 
 
 def test_published_niah_read_from_data():
-    niah = lr.published_niah(beyond_flat.load_published()).drop_duplicates("fix").set_index("fix")["accuracy"]
+    published = accumulation_beyond_flat.load_published()
+    niah = lr.published_niah(published).drop_duplicates("fix").set_index("fix")["accuracy"]
     assert niah["BF16 (blog)"] == 0.91 and niah["no fix"] == 0.13 and niah["PR #104 every tile"] == 0.89
     assert niah["PR #122 every 4"] == 0.88 and niah["PR #122 every 64"] == 0.856
 
 
 def test_checks_are_computed_text(profiles):
-    p = lr.pick_profiles(profiles, 1)
+    p = haystacks.pick_profiles(profiles, 1)
     kw = dict(d=64, trials=1, needle_weight=0.05, seed=0, block_n=128)
     ctx = lr.context_grid(p, [2048, 16384], **kw)
     where = lr.where_grid(p, 16384, **kw)
     knobs = lr.knob_grid(p, 16384, splits=[1, 4], block_sizes=[192], **kw)
     sc = lr.scaling_grid(p[0], [1024, 4096], [9, 11], **kw)
-    rs = claims.readings(ctx, where, knobs, sc, beyond_flat.load_published(), frac_bits=11)
+    rs = claims.readings(ctx, where, knobs, sc, accumulation_beyond_flat.load_published(), frac_bits=11)
     assert len(rs) == 7
     assert all(isinstance(r.check.agrees, bool) and r.check.computed for r in rs)
     assert set(claims.verdicts(rs)) <= {claims.HOLDS, claims.DOES_NOT_HOLD, claims.NOT_SHOWN}
     assert "16,384" in rs[0].check.computed
     # one haystack per head cannot separate the retrieval rates: the needle reading is not shown, and says so
     assert rs[2].status == claims.NOT_SHOWN and "not shown at n = 1" in claims.not_shown_markdown(rs)
-    assert len(claims.checks(ctx, where, knobs, sc, beyond_flat.load_published(), frac_bits=11)) == 6
+    assert len(claims.checks(ctx, where, knobs, sc, accumulation_beyond_flat.load_published(), frac_bits=11)) == 6
     assert claims.pct(0.2345) == "23%" and claims.pct(1e-9) == "< 0.0001%"
 
 
@@ -149,7 +152,7 @@ def test_committed_needle_checks_sha256_and_parameters(tmp_path):
 def test_pct_table_shows_relative_errors_without_noise_digits():
     import pandas as pd
 
-    from kvcost.claims import longrange as claims_lr
+    from kvcost.claims import long_range_needle as claims_lr
 
     df = pd.DataFrame({"head": ["a", "b", "c"], "rel_l2": [0.32, 1.1e-3, 3e-17]})
     shown = claims_lr.pct_table(df, ["rel_l2"])
@@ -160,36 +163,36 @@ def test_pct_table_shows_relative_errors_without_noise_digits():
 # ------------------------------------------------------------------ the retrieval measure (issue 22)
 @pytest.fixture(scope="module")
 def qheads():
-    return lr.query_heads()
+    return haystacks.query_heads()
 
 
 def test_every_query_head_of_the_extract_with_its_real_profile(qheads):
     assert len(qheads) == 45 and len({h.label for h in qheads}) == 45        # 5 layers x 9 query heads
     assert {h.kv_head for h in qheads} == {0, 1, 2}
-    t = lr.query_table(qheads)
+    t = haystacks.query_table(qheads)
     assert (t["sink_share"] > 0.5).sum() >= 5 and (t["sink_share"] < 0.01).sum() >= 10   # sinks, and heads without
     assert (t["recent_share"] > 0.5).sum() >= 10                                        # recency
     with pytest.raises(ValueError, match="'source'"):
-        lr.query_heads("minilm")
+        haystacks.query_heads("minilm")
 
 
 def test_real_haystack_holds_the_real_shares_and_is_deterministic(qheads):
     h = qheads[30]                                     # layer 20: a sink head
-    a, b = lr.real_haystack(h, 4096, 0.05, 1), lr.real_haystack(h, 4096, 0.05, 1)
+    a, b = haystacks.real_haystack(h, 4096, 0.05, 1), haystacks.real_haystack(h, 4096, 0.05, 1)
     assert np.array_equal(a.k, b.k) and np.array_equal(a.v, b.v)
     w = h.weights(1)
     p = int(h.q_pos[1])
     assert abs(a.parts["sink"] - w[0] * 0.95) < 0.02                 # the real row's sink share (needle aside)
-    assert abs(a.parts["recent"] - w[p + 1 - lr.RECENT:].sum() * 0.95) < 0.02
+    assert abs(a.parts["recent"] - w[p + 1 - haystacks.RECENT:].sum() * 0.95) < 0.02
     assert abs(a.weight - 0.05) < 0.01
-    assert lr.carried(a, a.ref, a.ref_off) == {"carried": 1.0, "off_axis": 0.0, "kept": True}
+    assert measure.carried(a, a.ref, a.ref_off) == {"carried": 1.0, "off_axis": 0.0, "kept": True}
     with pytest.raises(ValueError, match="'n'"):
-        lr.real_haystack(h, 100, 0.05, 0)
+        haystacks.real_haystack(h, 100, 0.05, 0)
 
 
 def test_known_cases_removed_needle_is_gone_and_shrunk_haystack_keeps_it(qheads):
-    x = lr.real_haystack(qheads[0], 4096, 0.05, 0)
-    k = lr.known_cases(x, gain=0.5).set_index("case")
+    x = haystacks.real_haystack(qheads[0], 4096, 0.05, 0)
+    k = measure.known_cases(x, gain=0.5).set_index("case")
     assert k.loc["exact attention", "carried"] == pytest.approx(1.0) and k.loc["exact attention", "kept"]
     assert k.loc["needle removed", "carried"] == 0.0 and not k.loc["needle removed", "kept"]
     shrunk = k.loc["haystack shrunk to 0.5, needle intact"]

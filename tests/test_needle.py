@@ -2,12 +2,13 @@
 import numpy as np
 import pytest
 
-from kvcost import attention, synthetic
-from kvcost.experiments import needle
+from kvcost.experiments import needle_cliff
+from kvcost.inputs import synthetic
+from kvcost.numerics import attention
 
 
 def _post_quant(x, bits, axis):
-    # The post's quantizer, transcribed independently of kvcost.quant.
+    # The post's quantizer, transcribed independently of kvcost.storage.quant.
     qmax = 2 ** (bits - 1) - 1
     scale = np.abs(x).max(axis=axis, keepdims=True) / qmax
     scale = np.where(scale == 0, 1.0, scale)
@@ -51,9 +52,9 @@ def _post_block2_needle(seed, n, d, trials, margin, pairs):
     (11, 130, 16, 3, 2.0, [[16, 16]]),
 ])
 def test_post_needle_table_matches_post_code_bit_for_bit(seed, n, d, trials, margin, pairs):
-    got = needle.post_needle_table(seed, n, d, trials, margin, pairs)
+    got = needle_cliff.post_needle_table(seed, n, d, trials, margin, pairs)
     want = _post_block2_needle(seed, n, d, trials, margin, pairs)
-    assert list(got.columns) == needle.NEEDLE_COLUMNS
+    assert list(got.columns) == needle_cliff.NEEDLE_COLUMNS
     for row, ref in zip(got.itertuples(index=False), want):
         assert (row.k_bits, row.v_bits, row.flips, row.trials) == ref[:4]
         assert row.max_w_err == ref[4]   # exact: same operations in the same order
@@ -74,14 +75,14 @@ def test_exact_roundtrips_change_nothing():
 
 
 def test_error_sources_separates_k_and_v():
-    df = needle.error_sources(0, 512, 32, 4, 0.5, [[16, 2]])
+    df = needle_cliff.error_sources(0, 512, 32, 4, 0.5, [[16, 2]])
     # 16-bit K keeps every needle; 2-bit V alone costs far more than 16-bit K alone.
     assert int(df.flips_k_only[0]) == 0
     assert df.out_rel_l2_v_only[0] > 100 * df.out_rel_l2_k_only[0]
 
 
 def test_margin_sweep_flip_rate_falls_with_margin_at_8_bits():
-    df = needle.margin_sweep([0.01, 8.0], [8], trials=6, n_tokens=512, head_dim=32)
+    df = needle_cliff.margin_sweep([0.01, 8.0], [8], trials=6, n_tokens=512, head_dim=32)
     rate = df.set_index("margin").flip_rate
     assert rate[8.0] == 0.0
     assert rate[0.01] >= rate[8.0]

@@ -8,19 +8,22 @@ import math
 
 import pytest
 
-from kvcost import cli, decode, evidence, fleet, gpus, llamacpp, models, vllm, weights
+from kvcost import cli
 from kvcost.claims import plan as plan_claims
+from kvcost.engines import llamacpp, vllm
 from kvcost.experiments import plan as plan_exp
-from kvcost.hfconfig import parameter_counts
+from kvcost.models import registry, weights
+from kvcost.models.hfconfig import parameter_counts
 from kvcost.paths import repo_root
+from kvcost.planning import decode, evidence, fleet, gpus
 from kvcost.units import GIB
 
 H100 = gpus.gpu("H100")
 
 
-@pytest.mark.parametrize("name", [n for n in models.list_models() if models.model_record(n).get("parameters")])
+@pytest.mark.parametrize("name", [n for n in registry.list_models() if registry.model_record(n).get("parameters")])
 def test_parameter_counts_reproduce_the_cited_totals(name):
-    rec = models.model_record(name)
+    rec = registry.model_record(name)
     assert parameter_counts(rec["config"])["total"] == rec["parameters"]["total"]
 
 
@@ -31,7 +34,7 @@ def test_parameter_counts_reproduce_the_cited_totals(name):
     ("Gemma-3-27B", 27_432_406_640, "27.4B"), ("Phi-3-mini-4k-instruct", 3_821_079_552, "3.8B"),
     ("Qwen3-Next-80B-A3B", 79_674_391_296, "80B"), ("Nemotron-3-Nano-30B-A3B", 31_577_940_288, "31.6B")])
 def test_counted_totals_agree_with_the_published_figures(name, total, printed):
-    rec = models.model_record(name)
+    rec = registry.model_record(name)
     assert rec["parameters"]["total"] == total and printed in rec["parameters"]["source"]
     decimals = len(printed.rstrip("B").partition(".")[2])
     # within one unit of the last printed digit (cards round, 30.53 -> 30.5, or cut, 7.616 -> 7.61)
@@ -39,19 +42,19 @@ def test_counted_totals_agree_with_the_published_figures(name, total, printed):
 
 
 def test_gemma2_non_embedding_count_is_the_reports():
-    c = parameter_counts(models.model_record("Gemma-2-9B")["config"])
+    c = parameter_counts(registry.model_record("Gemma-2-9B")["config"])
     assert c["total"] - c["embedding"] == 8_324_201_984 and c["embedding"] == 256_000 * 3584   # tied
 
 
 def test_every_record_says_what_it_answers():
-    rows = {n: models.answers(n) for n in models.list_models()}
+    rows = {n: registry.answers(n) for n in registry.list_models()}
     lacking = sorted(n for n, a in rows.items() if not a["weights"])
     assert lacking == []                                          # every registry record sizes its weights
-    nano = parameter_counts(models.model_record("Nemotron-3-Nano-30B-A3B")["config"])
+    nano = parameter_counts(registry.model_record("Nemotron-3-Nano-30B-A3B")["config"])
     assert (nano["total"], nano["experts"]) == (31_577_940_288, 23 * 128 * 2 * 2688 * 1856)   # MoE of relu2 MLPs
-    n = parameter_counts(models.model_record("Qwen3-Next-80B-A3B")["config"])
+    n = parameter_counts(registry.model_record("Qwen3-Next-80B-A3B")["config"])
     assert n["total"] == 79_674_391_296 and n["linear_attention"] == 36 * 33_718_464        # Gated DeltaNet layers
-    h = parameter_counts(models.model_record("Nemotron-H-8B")["config"])    # 24 Mamba-2, 4 attention, 24 MLP
+    h = parameter_counts(registry.model_record("Nemotron-H-8B")["config"])    # 24 Mamba-2, 4 attention, 24 MLP
     assert (h["total"], h["mamba"], h["dense_mlp"]) == (8_100_852_736, 24 * 109_635_968, 24 * 2 * 4096 * 21504)
     assert "linear layers in fp8_e4m3" in rows["DeepSeek-V3"]["answers"]
     v3 = weights.model_weights("DeepSeek-V3")
@@ -60,7 +63,7 @@ def test_every_record_says_what_it_answers():
 
 
 def test_gpt_oss_weights_split_by_what_is_quantized():
-    c = parameter_counts(models.model_record("gpt-oss-20b")["config"])
+    c = parameter_counts(registry.model_record("gpt-oss-20b")["config"])
     assert c["experts"] == 24 * 32 * 3 * 2880 * 2880 == 19_110_297_600
     assert c["total"] - c["experts"] == 1_804_459_584            # attention, embeddings, routers, norms: bf16
     w = weights.model_weights("gpt-oss-20b")
@@ -76,13 +79,13 @@ def test_weights_from_flags_index_and_config(tmp_path):
     idx = tmp_path / "model.safetensors.index.json"
     idx.write_text(json.dumps({"metadata": {"total_size": 16_060_522_496}, "weight_map": {}}))
     assert weights.model_weights(index=tmp_path).bytes == 16_060_522_496
-    cfg = dict(models.model_record("Llama-3.1-8B")["config"], torch_dtype="bfloat16")
+    cfg = dict(registry.model_record("Llama-3.1-8B")["config"], torch_dtype="bfloat16")
     assert weights.model_weights(cfg=cfg).bytes == 2 * 8_030_261_248
     with pytest.raises(ValueError, match="--params N"):
         weights.model_weights("no-such-model")
     with pytest.raises(ValueError, match="--weights-dtype"):
         weights.model_weights(params=10, weights_dtype="int3")
-    assert models.answers("Qwen3-32B")["weights"] and models.answers("Nemotron-3-Nano-30B-A3B")["weights"]
+    assert registry.answers("Qwen3-32B")["weights"] and registry.answers("Nemotron-3-Nano-30B-A3B")["weights"]
 
 
 def test_gpu_catalogue_aliases_bandwidth_and_native_formats():
@@ -105,7 +108,7 @@ def test_gpu_catalogue_aliases_bandwidth_and_native_formats():
 
 
 def test_vllm_capacity_reserves_the_sliding_window():
-    g = models.load_model("Mistral-7B-v0.1")
+    g = registry.load_model("Mistral-7B-v0.1")
     f = fleet.plan(g, g.name, "H100", 8192, dtypes=["bf16"], engine="vllm")
     v = vllm.plan(g, f.kv_budget_gib_per_gpu, max_model_len=8192)
     # every layer slides: (4096 - 1 + 2048) tokens -> 385 blocks + 1 per request, not 4096 tokens
@@ -117,7 +120,7 @@ def test_vllm_capacity_reserves_the_sliding_window():
 
 
 def test_llamacpp_capacity_is_the_largest_allocation_that_fits():
-    g = models.load_model("gpt-oss-20b")
+    g = registry.load_model("gpt-oss-20b")
     f = fleet.plan(g, g.name, "H100", 32768, dtypes=["q8_0"], engine="llama.cpp")
     n, budget = f.rows[0].requests, int(f.kv_budget_gib_per_gpu * GIB)
     fits = [llamacpp.allocate(g, k * 32768, "q8_0", n_seq=k).kv_bytes <= budget for k in (n, n + 1)]
@@ -127,12 +130,12 @@ def test_llamacpp_capacity_is_the_largest_allocation_that_fits():
 
 
 def test_decode_estimate_by_hand():
-    g = models.load_model("Llama-3.1-8B")
+    g = registry.load_model("Llama-3.1-8B")
     d = decode.estimate(g, weights.model_weights("Llama-3.1-8B"), "bf16", 8192, 1, 3.35, efficiency=0.8)
     kv = 32 * 2 * 8 * 128 * 2 * 8192
     assert math.isclose(d.itl_ms, (2 * 8_030_261_248 + kv) / (3.35e12 * 0.8) * 1e3)
     assert math.isclose(d.slope_ms_per_token, 131072 / (3.35e12 * 0.8) * 1e3)
-    moe = models.load_model("gpt-oss-20b")
+    moe = registry.load_model("gpt-oss-20b")
     w = weights.model_weights("gpt-oss-20b")
     one = decode.estimate(moe, w, "bf16", 1, 1, 3.35, efficiency=1.0)
     assert math.isclose(one.weights_read_bytes, w.bytes - w.expert_bytes + w.expert_bytes * 4 / 32)
@@ -158,18 +161,18 @@ def test_kernel_factors_come_from_the_published_slopes():
     # H100 (FA3): fp8 bytes are half of bf16's, the slope 2.37/4.37 of it: fp8 reads reach 0.922 of bf16's rate
     assert math.isclose(f["Hopper", "fp8_e4m3"].factor, 0.5 / (2.37e-05 / 4.37e-05))
     assert math.isclose(f["Blackwell", "fp8_e4m3"].factor, 0.5 / (9.72e-06 / 1.80e-05))
-    g, w = models.load_model("Llama-3.1-8B"), weights.model_weights("Llama-3.1-8B")
+    g, w = registry.load_model("Llama-3.1-8B"), weights.model_weights("Llama-3.1-8B")
     plain = decode.estimate(g, w, "fp8_e4m3", 8192, 1, 3.35)
     h100 = decode.estimate(g, w, "fp8_e4m3", 8192, 1, 3.35, card=H100)
     assert h100.kv_factor == f["Hopper", "fp8_e4m3"].factor and h100.itl_ms > plain.itl_ms
     assert math.isclose(h100.slope_ms_per_token, plain.slope_ms_per_token / h100.kv_factor)
     q4 = decode.estimate(g, w, "q4_0", 8192, 1, 3.35, card=H100)
     assert q4.kv_factor == 1.0 and "no published measurement of the q4_0 attention kernel" in q4.kv_factor_source
-    moe = models.load_model("gpt-oss-20b")
+    moe = registry.load_model("gpt-oss-20b")
     skip = decode.estimate(moe, weights.model_weights("gpt-oss-20b"), "fp8_e4m3;skip=sliding_window", 8192, 1,
                            3.35, card=H100)
     assert 1 > skip.kv_factor > f["Hopper", "fp8_e4m3"].factor    # the bf16 sliding layers read at bf16's rate
-    mla = decode.estimate(models.load_model("DeepSeek-V3"), weights.model_weights("DeepSeek-V3"), "fp8_e4m3", 8192,
+    mla = decode.estimate(registry.load_model("DeepSeek-V3"), weights.model_weights("DeepSeek-V3"), "fp8_e4m3", 8192,
                           1, 4.8, card=gpus.gpu("H200"))                 # FA3's factor is not FlashMLA's
     assert mla.kv_factor == 1.0 and "fp8_e4m3 MLA attention kernel on Hopper: bytes only" in mla.kv_factor_source
 
@@ -208,7 +211,7 @@ def test_cli_plans_any_model_on_any_gpu(capsys, tmp_path):
     assert out["gpu"] == "A100-80GB" and out["rows"][0]["requests"] > 0 and out["rows"][0]["itl_ms"] > 0
     assert {r["dtype"]: r["kernel"] for r in out["rows"]}["fp8_e4m3"] == "emulated"
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps(models.model_record("Llama-3.1-8B")["config"]))
+    cfg.write_text(json.dumps(registry.model_record("Llama-3.1-8B")["config"]))
     assert cli.main(["plan", str(cfg), "--gpu-memory-gib", "40", "--bandwidth-tbs", "1", "--context", "8k",
                      "--engine", "vllm", "--dtypes", "bf16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -243,7 +246,7 @@ def test_longest_context_text_agrees_with_its_warning(capsys):
 
 
 def test_vllm_skip_layers_pages_and_padding():
-    g = models.load_model("gpt-oss-20b")
+    g = registry.load_model("gpt-oss-20b")
     # sliding layers kept in bf16 (32,768-byte pages), full layers fp8 (16,384): fp8 blocks hold 32 tokens
     v = vllm.plan(g, 20.0, max_model_len=32768, kv_cache_dtype="fp8", skip_layers=("sliding_window",))
     assert v.page_bytes == 16 * 8 * 64 * 2 * 2 and v.groups == ("full:fp8", "sliding:auto")
@@ -251,7 +254,7 @@ def test_vllm_skip_layers_pages_and_padding():
     assert v.blocks_per_request == 32768 // 32 + -(-(127 + 2048) // 16) + 1
     assert v.kv_tokens == v.num_blocks // 2 * 16
     # one attention type (Llama: all full), two dtypes: one group, a block holds every layer's page
-    u = vllm.plan(models.load_model("Llama-3.1-8B"), 20.0, max_model_len=8192, kv_cache_dtype="fp8",
+    u = vllm.plan(registry.load_model("Llama-3.1-8B"), 20.0, max_model_len=8192, kv_cache_dtype="fp8",
                   skip_layers=("0", "1"))
     assert u.page_bytes == 2 * 65536 + 30 * 32768 and u.num_blocks == 20 * GIB // u.page_bytes
     assert u.groups == ("full",) and u.kv_tokens == u.num_blocks * 16
@@ -268,7 +271,7 @@ def test_vllm_skip_layers_pages_and_padding():
 
 
 def test_a_plan_that_does_not_fit_at_its_tp_names_the_tp_that_would():
-    g = models.load_model("Qwen3-32B")
+    g = registry.load_model("Qwen3-32B")
     f = fleet.plan(g, g.name, "A100-80GB", 32768, n_gpus=2, dtypes=["bf16", "fp8_e4m3"])
     assert f.rows[0].requests == 0 and f.rows[1].requests > 0
     assert "bf16: no request of 32,768 tokens fits at --tp 1; at --tp 2 (weights and cache split over 2 of the 2 " \
@@ -277,23 +280,23 @@ def test_a_plan_that_does_not_fit_at_its_tp_names_the_tp_that_would():
     assert wide.rows[0].requests > 0 and not any("no request" in w for w in wide.warnings)
     # the --tp named is the smallest at which a request fits, not the next divisor: DeepSeek-V3's 627 GiB of
     # weights fit 8 x H200 at --tp 8 only
-    ds = models.load_model("DeepSeek-V3")
+    ds = registry.load_model("DeepSeek-V3")
     big = fleet.plan(ds, ds.name, "H200", 32768, n_gpus=8, dtypes=["fp8_e4m3"])
     [hint] = [w for w in big.warnings if "no request" in w]
     assert "at --tp 8 (weights and cache split over 8 of the 8 GPUs) fp8_e4m3 holds one" in hint
     assert fleet.plan(ds, ds.name, "H200", 32768, n_gpus=8, tp=8, dtypes=["fp8_e4m3"]).rows[0].requests > 0
-    small = models.load_model("Llama-3.1-70B")
+    small = registry.load_model("Llama-3.1-70B")
     none = fleet.plan(small, small.name, "H100", 131072, n_gpus=2, dtypes=["bf16"])
     assert "bf16: no request of 131,072 tokens fits at any --tp up to 2" in " ".join(none.warnings)
 
 
 def test_vllm_pages_a_hybrid_models_recurrent_state():
-    g = models.load_model("Jamba-v0.1")            # Mamba-1: d_inner 8192 x state 16, conv 8192 x 3, in bf16
+    g = registry.load_model("Jamba-v0.1")            # Mamba-1: d_inner 8192 x state 16, conv 8192 x 3, in bf16
     v = vllm.plan(g, 20.0, max_model_len=32768)
     state = (8192 * 16 + 8192 * 3) * 2
     assert state == 311_296 and v.block_sizes[0] == 16 * -(-state // (16 * 4096)) == 80     # 4,096 B a token
     assert v.page_bytes == 80 * 4096 and v.groups == ("full", *["mamba"] * 7) and v.group_size == 4
     assert v.num_blocks == 20 * GIB // (80 * 4096) // 4 and v.blocks_per_request == -(-32768 // 80) + 7
     assert v.kv_tokens == v.num_blocks // 8 * 80 and "padding the state's page by 5.26%" in " ".join(v.warnings)
-    q = vllm.plan(models.load_model("Qwen3-Next-80B-A3B"), 20.0, max_model_len=32768)
+    q = vllm.plan(registry.load_model("Qwen3-Next-80B-A3B"), 20.0, max_model_len=32768)
     assert q.block_sizes[0] == 544                                                    # Gated DeltaNet's state

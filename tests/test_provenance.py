@@ -2,7 +2,8 @@
 import hashlib
 import platform
 
-from kvcost import provenance, realmodel
+from kvcost import provenance
+from kvcost.models import decoders
 
 
 def test_sha256_matches_hashlib_on_a_multi_chunk_file(tmp_path):
@@ -10,7 +11,7 @@ def test_sha256_matches_hashlib_on_a_multi_chunk_file(tmp_path):
     path = tmp_path / "blob.bin"
     path.write_bytes(data)
     assert provenance.sha256(path) == hashlib.sha256(data).hexdigest()
-    assert realmodel.sha256 is provenance.sha256
+    assert decoders.sha256 is provenance.sha256
 
 
 def test_versions_names_python_and_marks_missing_packages():

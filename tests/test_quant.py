@@ -1,4 +1,4 @@
-"""Tests for kvcost.quant: bit-exactness to the post, error bounds, bad input."""
+"""Tests for kvcost.storage.quant: bit-exactness to the post, error bounds, bad input."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,15 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from kvcost import attention, ggml, quant, synthetic
-from kvcost.experiments import axis
+from kvcost.experiments import axis_choice
+from kvcost.inputs import synthetic
+from kvcost.numerics import attention, axis
 from kvcost.paths import repo_root
+from kvcost.storage import ggml, quant
 
 
-def post_quant(x, bits, axis):
+def post_quant(x, bits, axis_choice):
     """The post's Block 2 quantizer, verbatim, as the reference."""
     qmax = 2 ** (bits - 1) - 1
-    scale = np.abs(x).max(axis=axis, keepdims=True) / qmax
+    scale = np.abs(x).max(axis=axis_choice, keepdims=True) / qmax
     scale = np.where(scale == 0, 1.0, scale)
     return np.clip(np.round(x / scale), -qmax, qmax) * scale
 
@@ -66,11 +68,11 @@ finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, allow_subno
 @settings(max_examples=60, deadline=None)
 @given(hnp.arrays(np.float64, st.tuples(st.integers(1, 9), st.sampled_from([4, 8, 12])), elements=finite),
        st.integers(2, 8), st.sampled_from(["token", "channel"]))
-def test_intk_symmetric_half_step_bound(x, bits, axis):
+def test_intk_symmetric_half_step_bound(x, bits, axis_choice):
     # absmax never clamps: every value is inside [-qmax, qmax] steps, so rounding to nearest
     # leaves at most half a step (plus the few ulps of x / scale and q * scale).
-    y = quant.intk_roundtrip(x, bits, axis)
-    red = -1 if axis == "token" else -2
+    y = quant.intk_roundtrip(x, bits, axis_choice)
+    red = -1 if axis_choice == "token" else -2
     scale = np.abs(x).max(axis=red, keepdims=True) / (2 ** (bits - 1) - 1)
     assert np.all(np.abs(y - x) <= 0.5 * scale * (1 + 1e-12) + 4 * np.spacing(np.abs(x) + scale))
 
@@ -78,11 +80,11 @@ def test_intk_symmetric_half_step_bound(x, bits, axis):
 @settings(max_examples=60, deadline=None)
 @given(hnp.arrays(np.float64, st.tuples(st.integers(1, 8), st.sampled_from([4, 8])), elements=finite),
        st.integers(1, 8), st.sampled_from(["token", "channel"]), st.sampled_from([None, 2, 4]))
-def test_intk_asymmetric_half_step_bound(x, bits, axis, group):
-    if axis == "channel" and group is not None and x.shape[0] % group:
+def test_intk_asymmetric_half_step_bound(x, bits, axis_choice, group):
+    if axis_choice == "channel" and group is not None and x.shape[0] % group:
         group = None
-    y = quant.intk_roundtrip(x, bits, axis, symmetric=False, group_size=group)
-    red = -1 if axis == "token" else -2
+    y = quant.intk_roundtrip(x, bits, axis_choice, symmetric=False, group_size=group)
+    red = -1 if axis_choice == "token" else -2
     g = x.shape[red] if group is None else group
     xs = x.reshape(x.shape[0], -1, g) if red == -1 else x.reshape(-1, g, x.shape[1])
     ys = y.reshape(xs.shape)
@@ -416,19 +418,20 @@ def test_intk_bad_input():
 
 
 def test_scheme_bits_of_the_post_int_k_split_k_and_v():
-    (post4,) = [s for s in axis.standard_schemes([4]) if s.name.startswith("int4 post")]
-    assert axis.scheme_bits(post4, 128, "k") == 4.0        # per-channel scales: constant
-    assert axis.scheme_bits(post4, 128, "v") == 4.25       # + 32-bit scale per 128 values
-    assert axis.scheme_bits(post4, 128) == 4.125
+    (post4,) = [s for s in axis_choice.standard_schemes([4]) if s.name.startswith("int4 post")]
+    assert axis_choice.scheme_bits(post4, 128, "k") == 4.0        # per-channel scales: constant
+    assert axis_choice.scheme_bits(post4, 128, "v") == 4.25       # + 32-bit scale per 128 values
+    assert axis_choice.scheme_bits(post4, 128) == 4.125
     with pytest.raises(ValueError, match="'cache'"):
-        axis.scheme_bits(post4, 128, "q")
+        axis_choice.scheme_bits(post4, 128, "q")
 
 
 def test_the_2026_schemes_of_notebook_02() -> None:
-    schemes = {s.name: s for s in axis.standard_schemes([4], head_dim=128)}
+    schemes = {s.name: s for s in axis_choice.standard_schemes([4], head_dim=128)}
     tq = schemes["turboquant_4bit_nc"]
-    assert (axis.scheme_bits(tq, 128, "k"), axis.scheme_bits(tq, 128, "v")) == (4.125, 4.25)     # 66 and 68 bytes
-    assert axis.scheme_bits(schemes["nvfp4"], 128) == 4.5 and schemes["mxfp8"].family == "FP4 / MX blocks"
+    bits = axis_choice.scheme_bits(tq, 128, "k"), axis_choice.scheme_bits(tq, 128, "v")
+    assert bits == (4.125, 4.25)     # 66 and 68 bytes
+    assert axis_choice.scheme_bits(schemes["nvfp4"], 128) == 4.5 and schemes["mxfp8"].family == "FP4 / MX blocks"
     x = np.random.default_rng(2).standard_normal((64, 128)).astype(np.float32)
     assert np.array_equal(tq.k(x), quant.roundtrip(x, "turboquant_4bit_nc", role="k"))
     assert np.array_equal(tq.v(x), quant.roundtrip(x, "turboquant_4bit_nc", role="v"))
@@ -438,16 +441,16 @@ def test_the_2026_schemes_of_notebook_02() -> None:
                                                                      block=64).astype(np.float64))
     np.testing.assert_array_equal(rot.k(x), quant.roundtrip(x, "q4_0+hadamard").astype(np.float64))
     # a head llama.cpp does not rotate (96 % 64) has no rotated twin, and no TurboQuant (Hadamard of 96)
-    names96 = {s.name for s in axis.standard_schemes([4], head_dim=96)}
+    names96 = {s.name for s in axis_choice.standard_schemes([4], head_dim=96)}
     assert "q4_0" in names96 and "q4_0 +Hadamard" not in names96 and "turboquant_4bit_nc" not in names96
     assert "nvfp4" in names96 and "mxfp4" in names96
-    assert axis.outlier_formats(96)["about 4 bits"][:2] == ["q4_0", "iq4_nl"]
+    assert axis_choice.outlier_formats(96)["about 4 bits"][:2] == ["q4_0", "iq4_nl"]
 
 
 def test_format_outlier_sweep_and_the_fp4_placement() -> None:
-    from kvcost.claims import axis as claims
+    from kvcost.claims import axis_choice as claims
 
-    sw = axis.format_outlier_sweep(np.random.default_rng(7), 256, 64, [1.0, 8.0], ["q4_0", "nvfp4", "fp8_e4m3"])
+    sw = axis_choice.format_outlier_sweep(np.random.default_rng(7), 256, 64, [1.0, 8.0], ["q4_0", "nvfp4", "fp8_e4m3"])
     assert list(sw.columns) == ["format", "k_bits_per_value", "strength", "rel_l2"] and len(sw) == 6
     base = np.random.default_rng(7).normal(0, 1, (256, 64))
     k = base.copy()
@@ -486,7 +489,7 @@ def test_ggml_roundtrip_is_llamacpps_own_bit_for_bit(kind, block_bytes):
     calls) against _ref."""
     import ctypes
 
-    from kvcost import realkv
+    from kvcost.inputs import extracts
 
     lib = _llamacpp_ggml()
     quantize, dequantize = getattr(lib, f"quantize_row_{kind}_ref"), getattr(lib, f"dequantize_row_{kind}")
@@ -495,7 +498,7 @@ def test_ggml_roundtrip_is_llamacpps_own_bit_for_bit(kind, block_bytes):
     for fn in (quantize, dequantize, cpu_quantize):
         if fn is not None:
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    kv = realkv.load_real_kv(repo_root() / "data" / "real_model" / "smollm2_kv.npz")
+    kv = extracts.load_real_kv(repo_root() / "data" / "real_model" / "smollm2_kv.npz")
     rng = np.random.default_rng(21)
     for x in (rng.normal(0, 3, (64, 64)).astype(np.float32), kv.k.reshape(-1, 64)[:4096].astype(np.float32),
               kv.v.reshape(-1, 64)[:4096].astype(np.float32)):

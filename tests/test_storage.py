@@ -1,4 +1,4 @@
-"""The one storage vocabulary (kvcost.formats registry, kvcost.storage.spec parser, quant.roundtrip)
+"""The one storage vocabulary (kvcost.storage.formats registry, kvcost.storage.spec parser, quant.roundtrip)
 and the 2026 formats: OCP MX v1.0 rules and hand-computed cases, ml_dtypes' fnuz grid exhaustively,
 NVFP4 by hand, and torchao's MX / NVFP4 reference bit for bit where torch and torchao are installed
 (``pip install torchao==0.18.0`` next to the ``[real]`` extra's torch)."""
@@ -8,8 +8,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kvcost import formats, quant, sizing, vllm
-from kvcost.storage import CacheSpec, parse_spec
+from kvcost.engines import vllm
+from kvcost.models import footprint
+from kvcost.storage import CacheSpec, formats, parse_spec, quant
 from kvcost.storage import blockfloat as bf
 from kvcost.storage import turboquant as tq
 from kvcost.storage.spec import llamacpp_rotation
@@ -49,10 +50,10 @@ def test_every_name_has_one_roundtrip(name: str) -> None:
     ("turboquant_3bit_nc", 102 // 2),
 ])
 def test_cache_bytes_of_the_2026_formats(name: str, per_hd: int) -> None:
-    g = sizing.from_hf_config({"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+    g = footprint.from_hf_config({"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
                                "hidden_size": 512, "head_dim": 128})
-    assert sizing.cache_bytes(g, 1000, dtype=name) == 3 * 2 * 2 * per_hd * 1000      # layers x K,V x heads
-    assert sizing.cache_bytes(g, 1000, dtype="bf16", v_dtype=name) == 3 * 2 * 1000 * (2 * 128 + per_hd)
+    assert footprint.cache_bytes(g, 1000, dtype=name) == 3 * 2 * 2 * per_hd * 1000      # layers x K,V x heads
+    assert footprint.cache_bytes(g, 1000, dtype="bf16", v_dtype=name) == 3 * 2 * 1000 * (2 * 128 + per_hd)
     assert formats.row_bytes(name, 128, head_dim=128) == per_hd
 
 
@@ -91,7 +92,7 @@ def test_the_e4m3_ambiguity_is_gone() -> None:
     with pytest.raises(ValueError, match=r"ambiguous.*fp8_e4m3.*float8_e4m3fn.*fp8_e4m3fnuz"):
         formats.get("e4m3")
     with pytest.raises(ValueError, match=r"'dtype'.*ambiguous"):
-        sizing.cache_bytes(sizing.load_model("Llama-3.1-8B"), 16, "e4m3")
+        footprint.cache_bytes(footprint.load_model("Llama-3.1-8B"), 16, "e4m3")
     assert formats.get("float8_e4m3fn").name == formats.get("fp8_e4m3fn").name == "fp8_e4m3"
     assert formats.get("float8_e4m3fnuz").name == "fp8_e4m3fnuz"
     # quant's fp8 element names are FlashAttention-3's: e4m3 is OCP E4M3FN (448)
@@ -162,22 +163,22 @@ def test_roundtrip_of_specs() -> None:
 
 
 def test_sizing_skips_layers_as_vllm_does() -> None:
-    g = sizing.load_model("gemma-3-27b")
-    plain = {r["kind"]: r for r in sizing.layer_breakdown(g, 65536, "nvfp4")}
-    bf16 = {r["kind"]: r for r in sizing.layer_breakdown(g, 65536, "bf16")}
-    rows = sizing.layer_breakdown(g, 65536, "nvfp4;skip=sliding_window")
+    g = footprint.load_model("gemma-3-27b")
+    plain = {r["kind"]: r for r in footprint.layer_breakdown(g, 65536, "nvfp4")}
+    bf16 = {r["kind"]: r for r in footprint.layer_breakdown(g, 65536, "bf16")}
+    rows = footprint.layer_breakdown(g, 65536, "nvfp4;skip=sliding_window")
     assert [(r["kind"], r["k_format"]) for r in rows] == [("full", "nvfp4"), ("sliding", "bf16")]
     want = plain["full"]["k_bytes"] * 2 + bf16["sliding"]["k_bytes"] * 2
-    assert sizing.cache_bytes(g, 65536, "nvfp4;skip=sliding_window") == want
-    p = sizing.plan(g, 65536, "nvfp4;skip=sliding_window", budget_gib=10.0)
+    assert footprint.cache_bytes(g, 65536, "nvfp4;skip=sliding_window") == want
+    p = footprint.plan(g, 65536, "nvfp4;skip=sliding_window", budget_gib=10.0)
     assert p.cache_bytes == want and p.skip_layers == ("sliding_window",) and p.dtype == "nvfp4"
     # layer 0 alone in bf16 (an index), the rest nvfp4
-    one = sizing.layer_breakdown(g, 100, "nvfp4;skip=0")
+    one = footprint.layer_breakdown(g, 100, "nvfp4;skip=0")
     assert sum(r["layers"] for r in one) == g.kv_layers and one[-1]["layers"] == 1 and one[-1]["k_format"] == "bf16"
 
 
 def test_vllm_pages_of_the_2026_formats() -> None:
-    g = sizing.load_model("Llama-3.1-8B")                       # 8 KV heads x 128
+    g = footprint.load_model("Llama-3.1-8B")                       # 8 KV heads x 128
     per = {"nvfp4": 2 * (64 + 8), "nvfp4_4over6": 2 * (64 + 8), "int8_per_token_head": 2 * (128 + 4),
            "fp8_per_token_head": 2 * (128 + 4), "int4_per_token_head": 2 * (64 + 4), "fp8": 2 * 128, "auto": 2 * 256}
     for dt, b in per.items():
@@ -381,11 +382,11 @@ def test_turboquant_registry_and_vllm_pages() -> None:
     assert formats.engine_name("turboquant_k8v4", "vllm") == "turboquant_k8v4"
     assert formats.from_engine("fp8_inc", "vllm").name == "fp8_e4m3"        # torch.float8_e4m3fn, one byte
     assert formats.get("turboquant_4bit_nc").channel_blocks                  # K's Hadamard mixes channels in order
-    g = sizing.load_model("Llama-3.1-8B")                                   # 8 KV heads x 128
+    g = footprint.load_model("Llama-3.1-8B")                                   # 8 KV heads x 128
     # TQFullAttentionSpec.real_page_size_bytes = block_size x num_kv_heads x tq_slot_size
     for name, slot in [("turboquant_k8v4", 196), ("turboquant_4bit_nc", 134), ("turboquant_3bit_nc", 102)]:
         assert vllm.page_bytes(g, 16, 1, name) == 16 * 8 * slot
-    assert sizing.cache_bytes(g, 1000, "turboquant_4bit_nc") == 32 * 8 * 134 * 1000
+    assert footprint.cache_bytes(g, 1000, "turboquant_4bit_nc") == 32 * 8 * 134 * 1000
     with pytest.raises(ValueError, match="'name' must be a TurboQuant preset"):
         formats.turboquant_slot("turboquant_2bit")
 

@@ -352,14 +352,15 @@ def test_publish_appends_new_rows_to_the_committed_file_and_keeps_existing_ones(
 def test_script_argument_types_name_what_is_allowed():
     import argparse
 
-    from kvcost import realmodel, script_args
+    from kvcost import script_args
+    from kvcost.models import decoders
 
     even = script_args.int_at_least(64, even=True)
     assert even("128") == 128
     for bad, words in (("63", "even number >= 64, got 63"), ("65", "even number >= 64"), ("x", "integer, got 'x'")):
         with pytest.raises(argparse.ArgumentTypeError, match=words):
             even(bad)
-    fmt = script_args.checked(realmodel.parse_format)
+    fmt = script_args.checked(decoders.parse_format)
     assert fmt("q4_0+hadamard") == "q4_0+hadamard"
     with pytest.raises(argparse.ArgumentTypeError, match="parameter 'fmt' must be one of"):
         fmt("q9")

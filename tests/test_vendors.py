@@ -1,12 +1,12 @@
 """Vendor-table arithmetic: each checkable number recomputed from geometry and block sizes."""
 import pytest
 
-from kvcost.claims import vendors
-from kvcost.experiments import vendors as vendor_data
+from kvcost.claims import vendor_table
+from kvcost.experiments import vendor_table as vendor_data
 
 
 def _by_claim(fragment):
-    (check,) = [c for c in vendors.checks() if fragment in c.claim]
+    (check,) = [c for c in vendor_table.checks() if fragment in c.claim]
     return check
 
 
@@ -41,12 +41,12 @@ def test_kvquant_three_bit_million_tokens_do_not_fit_an_a100():
 
 def test_weights_ratio_follows_the_parameter():
     assert _by_claim("more than 3x").agrees
-    (small,) = [c for c in vendors.checks(weights_gib=6.0) if "more than 3x" in c.claim]
+    (small,) = [c for c in vendor_table.checks(weights_gib=6.0) if "more than 3x" in c.claim]
     assert not small.agrees    # 16 / 6 = 2.67x
 
 
 def test_checks_table_has_the_contract_columns():
-    assert list(vendors.checks_table().columns) == ["claim", "published", "computed", "agrees"]
+    assert list(vendor_table.checks_table().columns) == ["claim", "published", "computed", "agrees"]
 
 
 def test_published_numbers_come_from_the_data_file():

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvcost.claims import beyond_flat as beyond_flat_claims
-from kvcost.claims import longrange as claims
-from kvcost.experiments import beyond_flat
-from kvcost.experiments import longrange as lr
+from kvcost.claims import accumulation_beyond_flat as beyond_flat_claims
+from kvcost.claims import long_range_needle as claims
+from kvcost.experiments import accumulation_beyond_flat
+from kvcost.experiments import long_range_needle as lr
+from kvcost.retrieval import haystacks
 
 SEEDS = [1, 2, 3]
 
@@ -29,7 +30,7 @@ BEYOND_FLAT_AGREES = [True, True, True, True, True, False, True, True, False, Fa
 
 @pytest.fixture(scope="module")
 def picked():
-    return lr.pick_profiles(lr.load_profiles("smollm2"), 3)
+    return haystacks.pick_profiles(haystacks.load_profiles("smollm2"), 3)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -49,7 +50,7 @@ def test_long_range_verdicts_hold_for_every_seed(picked, seed):
     assert rates.loc["no fix", "hi"] < rates.loc["bf16 P, fp32 acc", "lo"]
     assert rates.loc["PR #104 every tile", "k"] == rates.loc["PR #104 every tile", "n"] == 24
     # the carried weight on real query heads at the same n·2^-b: six heads spread over the extract's layers
-    qh = lr.query_heads()
+    qh = haystacks.query_heads()
     ret = lr.retrieval_grid([qh[i] for i in (0, 9, 18, 27, 36, 44)], 8192, 1, 0.05, seed,
                             [("Hopper", "no fix"), ("Hopper", "PR #104 every tile"), ("Hopper", lr.REFERENCE)],
                             frac_bits=9)
@@ -62,10 +63,10 @@ def test_long_range_verdicts_hold_for_every_seed(picked, seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_beyond_flat_verdicts_hold_for_every_seed(seed):
-    sweep = beyond_flat.error_sweep([256, 4096, 6144, 65536, 98304], ["fp32", "bf16"],
+    sweep = accumulation_beyond_flat.error_sweep([256, 4096, 6144, 65536, 98304], ["fp32", "bf16"],
                                     ["flat", "two_level", "pairwise", "hopper", "hopper_promoted"], d=2, seed=seed)
-    flush = beyond_flat.flush_sweep([1, 4, 64], 131072, d=2, seed=seed)
-    deepseek = beyond_flat.deepseek_check(K=4096, trials=50, frac_bits=(13,), seed=seed)
+    flush = accumulation_beyond_flat.flush_sweep([1, 4, 64], 131072, d=2, seed=seed)
+    deepseek = accumulation_beyond_flat.deepseek_check(K=4096, trials=50, frac_bits=(13,), seed=seed)
     checks = beyond_flat_claims.beyond_flat_checks(sweep, flush, deepseek, beyond_flat_claims.load_published())
     assert [c.agrees for c in checks] == BEYOND_FLAT_AGREES
     assert "100% [" in checks[2].computed            # rates carry their Wilson interval

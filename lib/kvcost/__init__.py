@@ -1,42 +1,78 @@
 """kvcost: what KV-cache quantization costs at long range.
 
-Four layers, each importing only from its own layer or below (``make lint`` checks it):
+Four layers, each importing only from its own layer or below (``make lint`` checks it;
+docs/architecture.md draws the house):
 
-**Primitives** (``kvcost.<module>``): one concept each.
+**Primitives**, one concept per module, in rooms named for what they hold:
 
-- ``floats``, ``formats``, ``units``: float formats and correct rounding; storage formats and
-  their true bytes per value (the one registry of format names); KiB/MiB/GiB
-- ``quant``, ``ggml``: storage quantizers (int-k, KIVI, fp8, Hadamard; llama.cpp's blocks bit for bit)
-- ``numerics``: ``accum``, ``tensorcore``, ``instructions``, ``fa3``: accumulation in low precision
-  (flat, two-level, pairwise, Kahan, a Hopper model); every GPU's tensor-core units (bit for bit
-  MMA-Sim); FlashAttention-3's FP8 forward pass on them. ``from kvcost import accum`` (and
-  ``tensorcore``, ``fa3``, ``fa3kernel``, ``instructions``) reaches them through this package
-- ``attention``, ``synthetic``: single-query attention in the post's arithmetic; the post's caches
-- ``hfconfig``, ``models``, ``sizing``, ``llamacpp``, ``vllm``, ``fleet``: model configs, the
-  model registry, cache bytes, what the engines allocate, fleet plans
-- ``realkv``, ``realmodel``: real keys and values, a real decoder
-- ``post``, ``stats``, ``params``, ``output``: the post's printed output, Wilson intervals,
-  parameter checks, result folders
+- top level: ``paths`` (where the data and the repository are), ``floats`` (float formats, correct
+  rounding), ``units``, ``stats`` (intervals and tests), ``provenance``, ``output``, ``params``
+- ``inputs``: the post's random stream and caches (``synthetic``), its printed tables (``post``), real
+  keys and values (``extracts``)
+- ``storage``: the one registry of storage formats (``formats``), the spec parser (``spec``), the
+  quantizers (``quant``, ``ggml``, ``blockfloat``, ``turboquant``)
+- ``numerics``: accumulation (``accum``), every GPU's tensor-core units (``instructions``,
+  ``tensorcore``, bit for bit MMA-Sim, ``oracle``), the post's attention arithmetic (``attention``), the
+  FP8 attention kernels (``fa3``, ``fa3kernel``, ``kernels``)
+- ``models``: configs (``hfconfig``), the model registry (``registry``), weights, KV bytes
+  (``footprint``), the real decoders (``decoders``, ``sliding_window``)
+- ``engines``: llama.cpp and vLLM allocation, their logs
+- ``planning``: GPUs, capacity, decode speed, evidence, the fleet plan
 
-**Experiments** (``kvcost.experiments.<topic>``): what each notebook computes, its tables.
+**Experiments** (``kvcost.experiments.<notebook stem>``): what each notebook computes, its tables.
 
-**Claims** (``kvcost.claims.<topic>``): each notebook's checks against the post's printed
-output, its errata and its verdict text; ``claims.report`` renders them.
+**Claims** (``kvcost.claims.<notebook stem>``): each notebook's checks against the post's printed
+output and the published numbers, its errata and its verdict; ``claims.report`` renders them.
 
-**Interfaces**: the notebooks, ``cli``, ``run``/``runner``, ``sweep``, ``bench``, ``plotting``,
-``notebook_params`` (each notebook's parameters, declared once). docs/architecture.md has the map.
+**Interfaces**: the notebooks, ``cli``, ``run``/``runner``, ``runs`` (the data-producing jobs that
+``scripts/`` start), ``sweep``, ``bench``, ``plotting``, ``notebook_params``, ``nbclean``.
+
+The documented API names (docs/api.md) stay reachable as ``kvcost.<name>``: ``from kvcost import sizing,
+accum, quant, tensorcore, fa3`` and ``import kvcost.sizing`` give the modules that hold them
+(:data:`ALIASES`), loaded on first use so that ``import kvcost`` stays light.
 """
 
 __version__ = "0.1.0"
 
-from importlib import import_module as _import_module
+import importlib
+import importlib.abc
+import importlib.util
+import sys
 
-# The numerics modules, reachable as kvcost.<name> (``from kvcost import tensorcore``), loaded on first
-# use so that ``import kvcost`` stays light (numba compiles nothing until a kernel is called).
-_NUMERICS = ("accum", "fa3", "fa3kernel", "instructions", "tensorcore")
+#: kvcost.<name> -> the module that holds it (one module, two spellings: the documented one and its room).
+ALIASES = {
+    "sizing": "kvcost.models.footprint",
+    "quant": "kvcost.storage.quant",
+    "formats": "kvcost.storage.formats",
+    "accum": "kvcost.numerics.accum",
+    "tensorcore": "kvcost.numerics.tensorcore",
+    "fa3": "kvcost.numerics.fa3",
+    "fa3kernel": "kvcost.numerics.fa3kernel",
+    "instructions": "kvcost.numerics.instructions",
+}
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import kvcost.sizing`` (and ``from kvcost.sizing import …``) load the module it names."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        prefix, _, name = fullname.partition(".")
+        if prefix == __name__ and name in ALIASES:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return importlib.import_module(ALIASES[spec.name.partition(".")[2]])
+
+    def exec_module(self, module):
+        pass                                  # the real module ran when it was imported under its own name
+
+
+if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+    sys.meta_path.append(_AliasFinder())
 
 
 def __getattr__(name: str):
-    if name in _NUMERICS:
-        return _import_module(f"kvcost.numerics.{name}")
-    raise AttributeError(f"module 'kvcost' has no attribute {name!r}")
+    if name in ALIASES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
 """``python -m kvcost``: the command line (see :mod:`kvcost.cli`)."""
-from .cli import main
+from kvcost.cli import main
 
 raise SystemExit(main())

@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import attention, floats, provenance, realattention, realmodel, synthetic
-from .experiments import flat_sum, needle, realmodel_passkey
-from .numerics import accum, fa3, instructions, oracle, tensorcore
-from .paths import data_path
+from kvcost import floats, provenance
+from kvcost.experiments import accumulator_floor, needle_cliff, real_decoder_passkey
+from kvcost.inputs import synthetic
+from kvcost.models import decoders, sliding_window
+from kvcost.numerics import accum, attention, fa3, instructions, oracle, tensorcore
+from kvcost.paths import data_path
 
 __all__ = ["BENCHMARKS", "BenchResult", "main", "run"]
 
@@ -51,12 +53,12 @@ def _best_of(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
 def bench_post_block3_bf16() -> list[BenchResult]:
     """The post's Block 3 loop (bf16, n = 131,072) vs accum.running_sum and post_flat_sum."""
     n = 131_072
-    t_loop, r_loop = _best_of(lambda: flat_sum.post_flat_sum_literal(n, "bf16"), 1)
+    t_loop, r_loop = _best_of(lambda: accumulator_floor.post_flat_sum_literal(n, "bf16"), 1)
     x = np.full(n, 1.0 / n)
     accum.running_sum(x[:8], "bf16")                   # warm-up (import, compile)
-    flat_sum.post_flat_sum(8, "bf16")
+    accumulator_floor.post_flat_sum(8, "bf16")
     t_fast, r_fast = _best_of(lambda: float(accum.running_sum(x, "bf16")), 5)
-    t_post, r_post = _best_of(lambda: flat_sum.post_flat_sum(n, "bf16"), 5)
+    t_post, r_post = _best_of(lambda: accumulator_floor.post_flat_sum(n, "bf16"), 5)
     rows = []
     for case, t, r in (("bf16 flat 131072: running_sum vs post loop", t_fast, r_fast),
                        ("bf16 flat 131072: post_flat_sum vs post loop", t_post, r_post)):
@@ -91,14 +93,14 @@ def bench_needle_table() -> list[BenchResult]:
         rng, _, _ = synthetic.post_stream(7, 4096, 128)
         flips = []
         for kb, vb in pairs:
-            k_rt, v_rt = needle.post_roundtrips(kb, vb)
+            k_rt, v_rt = needle_cliff.post_roundtrips(kb, vb)
             draw = synthetic.post_needle_trial
             flips.append(sum(attention.trial_errors(draw(rng, 4096, 128, 0.5), k_rt, v_rt).flipped
                              for _ in range(args["trials"])))
         return flips
 
     t_serial, flips_serial = _best_of(serial, 1)
-    t_fast, table = _best_of(lambda: needle.post_needle_table(**args, bit_pairs=pairs), 1)
+    t_fast, table = _best_of(lambda: needle_cliff.post_needle_table(**args, bit_pairs=pairs), 1)
     same = table.flips.tolist() == flips_serial
     ratio = t_serial / t_fast
     return [BenchResult("needle table 4 x 50 trials: post_needle_table vs serial loop", t_fast, ratio, "x faster",
@@ -232,7 +234,7 @@ def bench_real_model() -> list[BenchResult]:
     """SmolLM2-135M, measured in a fresh Python process (:func:`_real_model_rows`): after the other
     benchmarks' numpy BLAS and numba thread pools have run in this one, torch's forward passes here
     ran up to 4x slower, which made the ratios meaningless. No rows without the [real-model] extra."""
-    if not realmodel.available():
+    if not decoders.available():
         return []
     return _in_fresh_process("_real_model_rows", "the real-model benchmark")
 
@@ -253,17 +255,17 @@ def _real_model_rows() -> list[BenchResult]:
     Faithful mode on 256 tokens of the committed text: every row of every layer through the
     emulated FP8 kernel against stock fp32 attention, bar 1/20 of its speed. Fast mode on a real
     2,048-token passkey prompt, as ``scripts/real_model_passkey.py`` runs it
-    (:func:`kvcost.experiments.realmodel_passkey.run_trial`): the exact prefix, then the question
+    (:func:`kvcost.experiments.real_decoder_passkey.run_trial`): the exact prefix, then the question
     and answer rows emulated (``fa3``), or only the rows that predict the answer (``fa3:rows=answer``),
     against one stock forward pass of the whole prompt (``store:fp32``), bar under 1.2x; the three are
     timed in interleaved rounds, the best of three each.
     """
-    if not realmodel.available():
+    if not decoders.available():
         return []
     import torch
 
-    model, tok = realmodel.load("smollm2-135m", 2)
-    attn = realmodel_passkey.FA3Attention()
+    model, tok = decoders.load("smollm2-135m", 2)
+    attn = real_decoder_passkey.FA3Attention()
     attn.register(model)
     text = provenance.checked(data_path("text", "pride_and_prejudice.txt")).read_text(encoding="utf-8")
     n = 256
@@ -273,7 +275,7 @@ def _real_model_rows() -> list[BenchResult]:
         attn.active = emulate
         try:
             with torch.no_grad():
-                model(ids, past_key_values=realmodel.StoredCache("fp32"), use_cache=True, logits_to_keep=1)
+                model(ids, past_key_values=decoders.StoredCache("fp32"), use_cache=True, logits_to_keep=1)
         finally:
             attn.active = False
 
@@ -286,10 +288,10 @@ def _real_model_rows() -> list[BenchResult]:
     rows = [BenchResult(f"SmolLM2-135M {n} tokens: faithful FP8-kernel emulation vs stock fp32 attention", t_faithful,
                         t_stock / t_faithful, "x stock speed", 0.05, t_stock / t_faithful >= 0.05,
                         f"stock forward {t_stock:.2f} s")]
-    prompt = realmodel_passkey.build_prompt(tok, 2048, 0.5, seed=2048)
+    prompt = real_decoder_passkey.build_prompt(tok, 2048, 0.5, seed=2048)
 
     def trial(variant: str) -> float:
-        return realmodel_passkey.run_trial(model, attn, prompt, [variant])[variant]["seconds"]
+        return real_decoder_passkey.run_trial(model, attn, prompt, [variant])[variant]["seconds"]
 
     trial("fa3:rows=answer")                          # warm-up at this size
     # interleaved rounds, the best of each: this machine's speed drifts by 10% within a minute, more
@@ -310,12 +312,12 @@ def _real_model_rows() -> list[BenchResult]:
 
 
 def bench_gemma_banded() -> list[BenchResult]:
-    """Gemma 3 270M at 8,192 tokens: its 15 sliding-window layers through kvcost.realattention's banded
+    """Gemma 3 270M at 8,192 tokens: its 15 sliding-window layers through kvcost.models.sliding_window's banded
     attention (O(n·w); the 3 global layers through SDPA's causal kernel) against stock transformers (every
     layer SDPA under its full mask), measured in a fresh Python process like :func:`bench_real_model`. Bar:
     faster than stock, with the same logits to float32 rounding (:data:`GEMMA_LOGIT_TOL` of the largest
     logit, on the last 64 rows) and the same top-1 token on every row. No rows without the model."""
-    if not realmodel.available("gemma3-270m"):
+    if not decoders.available("gemma3-270m"):
         return []
     return _in_fresh_process("_gemma_banded_rows", "the Gemma banded-attention benchmark")
 
@@ -330,7 +332,7 @@ def _gemma_banded_rows(n: int = 8192, keep: int = 64) -> list[BenchResult]:
     tokens of the committed text (BOS first, as the perplexity runs)."""
     import torch
 
-    model, tok = realmodel.load("gemma3-270m", 2)
+    model, tok = decoders.load("gemma3-270m", 2)
     text = provenance.checked(data_path("text", "pride_and_prejudice.txt")).read_text(encoding="utf-8")
     ids = tok(text, add_special_tokens=False)["input_ids"]
     x = torch.tensor([[tok.bos_token_id, *ids[:n - 1]]])
@@ -341,7 +343,7 @@ def _gemma_banded_rows(n: int = 8192, keep: int = 64) -> list[BenchResult]:
 
     model.set_attn_implementation("sdpa")
     t_stock, stock = _best_of(forward, 1)
-    realattention.register(model)
+    sliding_window.register(model)
     t_band, band = _best_of(forward, 1)
     diff = float((band - stock).abs().max())
     scale = float(stock.abs().max())

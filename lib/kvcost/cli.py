@@ -24,9 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import capacity, decode, evidence, fleet, formats, gpus, llamacpp, models, sizing, vllm, weights
-from .params import shorten
-from .units import GIB, KIB, MIB
+from kvcost.engines import llamacpp, vllm
+from kvcost.models import footprint, registry, weights
+from kvcost.params import shorten
+from kvcost.planning import capacity, decode, evidence, fleet, gpus
+from kvcost.storage import formats
+from kvcost.units import GIB, KIB, MIB
 
 __all__ = ["build_parser", "format_plan", "main", "parse_tokens"]
 
@@ -136,7 +139,7 @@ def _flags(message: str) -> str:
     return message
 
 
-def format_plan(p: sizing.Plan) -> str:
+def format_plan(p: footprint.Plan) -> str:
     """The readable table ``kvcost size`` prints."""
     fmt_label = p.dtype if p.dtype == p.v_dtype else f"K {p.dtype} / V {p.v_dtype}"
     if p.skip_layers:
@@ -227,7 +230,7 @@ def _format_fleet(f: fleet.Fleet) -> str:
     return "\n".join(lines)
 
 
-#: The columns kvcost.evidence.accuracy_lookup reads from a needle table.
+#: The columns kvcost.planning.evidence.accuracy_lookup reads from a needle table.
 _ACCURACY_COLUMNS = ("storage", "n_tokens", "retrieved")
 
 
@@ -351,7 +354,7 @@ def _emit(obj: Any, text: str, as_json: bool, warnings: Sequence[str]) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "models":
-        rows = [models.answers(n) for n in models.list_models()]
+        rows = [registry.answers(n) for n in registry.list_models()]
         if args.json:
             print(json.dumps(rows, indent=2))
         else:
@@ -377,7 +380,7 @@ def _run(args: argparse.Namespace) -> int:
             for r in rows:
                 print(f"{r['format']:16s} {r['bits_per_value']:6.3f} bits  {r['description']}")
         return 0
-    g = models.resolve(args.model)
+    g = registry.resolve(args.model)
     if args.command == "size":
         if args.engine == "llama.cpp":
             a = llamacpp.allocate(g, args.context, args.dtype, args.v_dtype, n_seq=args.n_seq,
@@ -387,7 +390,7 @@ def _run(args: argparse.Namespace) -> int:
             return _emit(a.as_dict(), _format_alloc(a), args.json, a.warnings)
         if args.request_tokens is not None and args.budget_gib is None:
             raise ValueError("--request-tokens needs --budget-gib (requests are counted in a budget)")
-        p = sizing.plan(g, args.context, args.dtype, args.v_dtype, budget_gib=args.budget_gib,
+        p = footprint.plan(g, args.context, args.dtype, args.v_dtype, budget_gib=args.budget_gib,
                         request_tokens=args.request_tokens, state_dtype=args.state_dtype)
         warnings = list(p.warnings)
         if p.dtype in llamacpp.GGML_TYPES.values() and p.v_dtype in llamacpp.GGML_TYPES.values():
@@ -421,7 +424,7 @@ def _run_fleet(args: argparse.Namespace, g: Any) -> int:
     if card is None or args.gpu_memory_gib is not None or args.bandwidth_tbs is not None:
         card = gpus.custom_gpu(args.gpu_memory_gib, args.bandwidth_tbs, card)
     try:
-        name: str | None = models.model_record(args.model)["name"]
+        name: str | None = registry.model_record(args.model)["name"]
     except ValueError:
         name = None
     cfg = None if name is not None else args.model

@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import floats, formats, models, realmodel
-from .experiments import longrange as long_range
-from .experiments import needle
-from .experiments import realmodel as real_decoder
-from .numerics import accum, kernels
-from .params import Bool, Custom, Float, FloatList, Int, IntList, Pairs, Params, PathStr, Schema, Str, StrList
+from kvcost import floats
+from kvcost.experiments import long_range_needle, needle_cliff, real_decoder
+from kvcost.models import decoders, registry
+from kvcost.numerics import accum, kernels
+from kvcost.params import Bool, Custom, Float, FloatList, Int, IntList, Pairs, Params, PathStr, Schema, Str, StrList
+from kvcost.retrieval import haystacks
+from kvcost.storage import formats
 
 __all__ = ["SCHEMAS", "get", "validate", "stems"]
 
@@ -32,7 +33,7 @@ def _float_format(name: str, value: Any) -> str:
 
 
 def _models(min_len: int):
-    return lambda name, value: models.check_models(name, value, min_len=min_len)
+    return lambda name, value: registry.check_models(name, value, min_len=min_len)
 
 
 def _n_range(values: dict[str, Any]) -> None:
@@ -87,10 +88,10 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         Int("head_dim", 128, lo=1, post=128),
         Int("trials", 200, lo=1, post=200),
         Float("margin", 0.5, post=0.5),
-        Pairs("bit_pairs", [[8, 8], [4, 4], [3, 3], [2, 2]], lo=needle.MIN_BITS, hi=needle.MAX_BITS,
+        Pairs("bit_pairs", [[8, 8], [4, 4], [3, 3], [2, 2]], lo=needle_cliff.MIN_BITS, hi=needle_cliff.MAX_BITS,
               post=[[8, 8], [4, 4], [3, 3], [2, 2]]),
         FloatList("sweep_margins", [0.1, 0.25, 0.5, 1.0, 2.0, 4.0], lo=0.0),
-        IntList("sweep_bits", [8, 6, 4, 3], lo=needle.MIN_BITS, hi=needle.MAX_BITS),
+        IntList("sweep_bits", [8, 6, 4, 3], lo=needle_cliff.MIN_BITS, hi=needle_cliff.MAX_BITS),
         Int("sweep_trials", 100, lo=1, doc="trials per margin in the margin sweep"),
     ]),
     Schema("04_accumulator_floor", [
@@ -124,7 +125,7 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         IntList("n_tokens", [4096, 16384, 65536, 131072], lo=64, hi=2**21, doc="contexts of the main grid"),
         Int("head_dim", 128, lo=32, hi=256, doc="Llama-3.1-8B's, as in vLLM's runs"),
         Int("block_n", 96, lo=32, hi=512, doc="KV block: FA3's FP8 decode tile for head_dim 128"),
-        Str("source", "smollm2", choices=list(long_range.SOURCES),
+        Str("source", "smollm2", choices=list(haystacks.SOURCES),
             doc="head statistics: SmolLM2-135M's (data/real_model) or MiniLM's (data/real_kv)"),
         Int("heads", 3, lo=1, hi=72, doc="real heads at channel-mean-ratio quantiles 0.5 to 1"),
         Int("trials", 1, lo=1, hi=100, doc="haystacks per head and context"),
@@ -132,7 +133,7 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         Str("needle_source", "committed", choices=["committed", "live"],
             doc="retrieval rates at the longest context from data/long_range (20 haystacks per head, the "
             "run's own haystacks recomputed live as a check) or from this run's haystacks only"),
-        StrList("fixes", list(long_range.FIXES), choices=list(long_range.FIXES)),
+        StrList("fixes", list(long_range_needle.FIXES), choices=list(long_range_needle.FIXES)),
         Str("retrieval_source", "committed", choices=["committed", "live"],
             doc="the carried-weight retrieval run over every query head of SmolLM2's extract: from "
             "data/long_range/retrieval.csv (live_heads of its haystacks recomputed as a check) or run live"),
@@ -183,14 +184,14 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
     ]),
     Schema("08_real_decoder", [
         StrList("live_formats", list(real_decoder.STORE_FORMATS_NUMPY),
-                choices=[f for f in realmodel.BASE_FORMATS if f != "fp32"],
+                choices=[f for f in decoders.BASE_FORMATS if f != "fp32"],
                 doc="formats the live slice round-trips on the committed extract"),
         Bool("hadamard", True, doc="also the Hadamard-rotated twin of each live format"),
         Bool("hf_layout", True, doc="also each block format with K's blocks cut in transformers' channel order "
                                     "(@hf) instead of llama.cpp's"),
         Int("min_windows", 1, lo=1, doc="formats with fewer text windows are left out of the tables"),
         StrList("context_formats", ["fp16", "q8_0", "fp8_e4m3", "q5_1", "q5_1+hadamard", "iq4_nl", "q4_0",
-                                    "q4_0+hadamard", "kivi4", "kivi2"], choices=realmodel.STORAGE_FORMATS,
+                                    "q4_0+hadamard", "kivi4", "kivi2"], choices=decoders.STORAGE_FORMATS,
                 doc="formats drawn in the storage-loss-against-context figure (the table has every format "
                     "run at two or more contexts)"),
     ]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .paths import repo_root
+from kvcost.paths import repo_root
 
 if TYPE_CHECKING:   # pandas only for the annotation: the CLI imports this module and stays light
     import pandas as pd

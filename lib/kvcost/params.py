@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .output import FIGURE_DIR, FIGURE_DIR_ENV, resolve_out_dir
-from .paths import repo_root
+from kvcost.output import FIGURE_DIR, FIGURE_DIR_ENV, resolve_out_dir
+from kvcost.paths import repo_root
 
 __all__ = [
     "check_int", "check_float", "check_choice", "check_int_list", "check_pairs", "check_str_list",

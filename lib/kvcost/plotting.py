@@ -9,8 +9,8 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .output import FIGURE_DIR, FIGURE_DIR_ENV
-from .paths import repo_root
+from kvcost.output import FIGURE_DIR, FIGURE_DIR_ENV
+from kvcost.paths import repo_root
 
 __all__ = ["use_style", "save", "label_points", "FIGURE_DIR", "PALETTE", "MARKERS", "LINESTYLES"]
 

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-from .paths import data_dir, repo_root
+from kvcost.paths import data_dir, repo_root
 
 __all__ = ["sha256", "versions", "git_commit", "finished_keys", "appending", "checked", "recorded", "record",
            "is_committed", "DIGESTS_FILE"]

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .params import shorten
-from .paths import repo_root
-from .runner import (
+from kvcost.params import shorten
+from kvcost.paths import repo_root
+from kvcost.runner import (
     LOG_FILE,
     check_out,
     check_params,

@@ -51,11 +51,11 @@ from papermill.engines import NBClientEngine, papermill_engines
 from papermill.exceptions import PapermillExecutionError
 from papermill.utils import merge_kwargs, remove_args
 
-from . import __version__, notebook_params
-from .output import FIGURE_DIR_ENV
-from .params import shorten
-from .paths import repo_root
-from .units import MIB
+from kvcost import __version__, notebook_params
+from kvcost.output import FIGURE_DIR_ENV
+from kvcost.params import shorten
+from kvcost.paths import repo_root
+from kvcost.units import MIB
 
 __all__ = [
     "LOG_FILE",

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import decode, gpus, post, weights
-from ..experiments.plan import needle_summary, paired_worse
-from ..models import load_model
-from ..provenance import checked
-from .report import Check
+from kvcost.claims.report import Check
+from kvcost.experiments.plan import needle_summary, paired_worse
+from kvcost.inputs import post
+from kvcost.models import weights
+from kvcost.models.registry import load_model
+from kvcost.planning import decode, gpus
+from kvcost.provenance import checked
 
 __all__ = ["FP8", "Q4", "Q8", "decode_checks", "needle_reading", "readings"]
 
@@ -82,12 +84,12 @@ def readings(table: pd.DataFrame, needle: pd.DataFrame, post_request_tokens: int
 
 
 def decode_checks(path: str | Path | None = None, efficiency: float = decode.DEFAULT_EFFICIENCY) -> pd.DataFrame:
-    """The decode estimate (:func:`kvcost.decode.estimate`) against each published measurement of
+    """The decode estimate (:func:`kvcost.planning.decode.estimate`) against each published measurement of
     ``data/decode_published.csv``: one row per measurement with the estimate at ``efficiency`` (KV reads
-    slowed by the kernel's published factor, :func:`kvcost.decode.kernel_factors`) and on bytes alone, the
+    slowed by the kernel's published factor, :func:`kvcost.planning.decode.kernel_factors`) and on bytes alone, the
     bandwidth share the measurement implies (the bytes-only estimate at full bandwidth over the measured
     time), and for each fp8 slope the measured and estimated ratio to bf16's. ``role`` says which rows
-    calibrate the kernel factors (:data:`kvcost.decode.CALIBRATION_MODEL`'s slopes: they agree by
+    calibrate the kernel factors (:data:`kvcost.planning.decode.CALIBRATION_MODEL`'s slopes: they agree by
     construction) and which are held out (every other row: where they disagree, bytes and one factor per
     kernel are too simple).
 

@@ -67,7 +67,7 @@ def compare_table(printed: pd.DataFrame, computed: pd.DataFrame, keys: Sequence[
                   formats: dict[str, str], label: str = "", note: str = "") -> list[Check]:
     """Check every printed cell of a row kvcost computed too, to the digits printed.
 
-    ``printed`` holds the post's strings (see :mod:`kvcost.post`); rows are matched on the
+    ``printed`` holds the post's strings (see :mod:`kvcost.inputs.post`); rows are matched on the
     ``keys`` columns (compared as strings), and each column in ``formats`` is formatted with
     its format spec before comparison. Rows only one side has are not compared: a printed
     row that was not computed was not asked for, a computed row the post did not print is

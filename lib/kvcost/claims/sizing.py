@@ -1,12 +1,12 @@
 """Notebook 01's readings of the post's sizing section, each checked against kvcost's computation."""
 from __future__ import annotations
 
-from ..hfconfig import SLIDING
-from ..models import POST_MODELS, list_models, load_model
-from ..sizing import cache_bytes, naive_bytes_per_token
-from ..units import GIB
-from . import vendors
-from .report import Check
+from kvcost.claims import vendor_table
+from kvcost.claims.report import Check
+from kvcost.models.footprint import cache_bytes, naive_bytes_per_token
+from kvcost.models.hfconfig import SLIDING
+from kvcost.models.registry import POST_MODELS, list_models, load_model
+from kvcost.units import GIB
 
 __all__ = ["formula_off", "reading_checks"]
 
@@ -66,5 +66,6 @@ def reading_checks(context: int = 131_072) -> list[Check]:
                         f"{ratio:g}x ({l2.kv_heads} against {llama.kv_heads} KV heads, same layers "
                         f"and head_dim)", ratio == 4.0 and l2.kv_heads == 4 * llama.kv_heads))
     # The published measurements the arithmetic must match (shared with notebook 05).
-    checks += [vendors.weights_ratio_check(), *vendors.qwen3_q8_0_checks(), *vendors.dgx_spark_buffer_checks()]
+    checks += [vendor_table.weights_ratio_check(), *vendor_table.qwen3_q8_0_checks(),
+               *vendor_table.dgx_spark_buffer_checks()]
     return checks

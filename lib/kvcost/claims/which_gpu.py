@@ -5,9 +5,9 @@ import itertools
 
 import pandas as pd
 
-from ..experiments import longrange as lr
-from ..paths import data_path
-from ..provenance import checked
+from kvcost.experiments import long_range_needle as lr
+from kvcost.paths import data_path
+from kvcost.provenance import checked
 
 __all__ = ["HOPPER_FIXES", "beside_published", "law_reading", "statements", "verdict"]
 

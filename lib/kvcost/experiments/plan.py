@@ -12,14 +12,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import decode, fleet, quant, realkv, stats, vllm
-from ..gpus import gpu as catalogue_gpu
-from ..models import load_model
-from ..paths import data_path
-from ..provenance import checked
-from ..storage.spec import CacheSpec, parse_spec
-from ..units import GIB
-from . import longrange
+from kvcost import stats
+from kvcost.engines import vllm
+from kvcost.inputs import extracts
+from kvcost.models.registry import load_model
+from kvcost.paths import data_path
+from kvcost.planning import decode, fleet
+from kvcost.planning.gpus import gpu as catalogue_gpu
+from kvcost.provenance import checked
+from kvcost.retrieval import haystacks, measure
+from kvcost.storage import quant
+from kvcost.storage.spec import CacheSpec, parse_spec
+from kvcost.units import GIB
 
 __all__ = ["NEEDLE_DIR", "README_COLUMNS", "README_ROWS", "check_slice", "committed_needle", "decode_table",
            "dtype_choice", "needle_by_format", "needle_summary", "paired_worse", "plan_table", "readme_table",
@@ -30,14 +34,14 @@ NEEDLE_DIR = data_path("plan_needle")
 
 def store_as(x: np.ndarray, fmt: str | CacheSpec, role: str = "v") -> np.ndarray:
     """``x`` (rows along the last axis) as a cache in ``fmt`` hands it back to attention, through the
-    one round trip :func:`kvcost.quant.roundtrip` (float formats rounded to nearest and saturating,
+    one round trip :func:`kvcost.storage.quant.roundtrip` (float formats rounded to nearest and saturating,
     fp8 at per-tensor scale 1, llama.cpp blocks through their reference quantizers, MX / NVFP4 / per
     token·head as the registry says; ``none`` unchanged). KIVI stores K and V jointly with a residual
     window and has no single-tensor emulation here. Float64 out."""
     spec = parse_spec(fmt, param="dtypes")
     if "kivi" in (spec.k_format.family, spec.v_format.family):
         raise ValueError(f"parameter 'dtypes': {spec.label!r} has no storage emulation here (KIVI keeps K and V "
-                         f"with a residual window; every other kvcost.formats name does)")
+                         f"with a residual window; every other kvcost.storage.formats name does)")
     return np.asarray(quant.roundtrip(np.asarray(x, dtype=np.float64), spec, role=role), dtype=np.float64)
 
 
@@ -45,19 +49,19 @@ def needle_by_format(contexts: Sequence[int], dtypes: Sequence[str], trials: int
                      seed: int = 0, head_dim: int = 64, first_trial: int = 0) -> pd.DataFrame:
     """A needle in each K/V format at each context: rows ``n_tokens, trial, storage, share, rel_l2, retrieved``.
 
-    Notebook 06's haystack (:func:`kvcost.experiments.longrange.make_haystack`) for the median real
+    Notebook 06's haystack (:func:`kvcost.experiments.haystacks.make_haystack`) for the median real
     head of ``data/real_kv``, kept exact; K and V stored in each format (storage specs, ``K`` or
     ``K/V``, :mod:`kvcost.storage.spec`; ``none/none`` is the reference);
     attention in float64. Retrieved: the needle's recovered weight
     within a factor 2 of its exact weight (notebook 06's criterion). Trial ``t`` (from ``first_trial``)
     is haystack seed ``seed + t``, so any slice of trials can be recomputed on its own.
     """
-    profile = longrange.pick_profiles(longrange.head_profiles(realkv.load_real_kv()), 1)[0]
+    profile = haystacks.pick_profiles(haystacks.head_profiles(extracts.load_real_kv()), 1)[0]
     specs = [parse_spec("none")] + [parse_spec(d, param="dtypes") for d in dtypes]
     rows = []
     for n in contexts:
         for t in range(first_trial, first_trial + trials):
-            h = longrange.make_haystack(profile, n, head_dim, needle_weight, seed + t, kv_format="exact")
+            h = haystacks.make_haystack(profile, n, head_dim, needle_weight, seed + t, kv_format="exact")
             q = h.q.astype(np.float64)
             stored: dict[tuple[str, str, str | None], np.ndarray] = {}  # K and V in each format, once per haystack
             for spec in specs:
@@ -69,7 +73,7 @@ def needle_by_format(contexts: Sequence[int], dtypes: Sequence[str], trials: int
                 s = k @ q / math.sqrt(head_dim)
                 w = np.exp(s - s.max())
                 out = (w / w.sum()) @ v
-                m = longrange.metrics(h, out)
+                m = measure.metrics(h, out)
                 label = "none/none" if spec.k == "exact" else spec.kv_label + ("+hadamard" if spec.rotation else "")
                 rows.append({"n_tokens": n, "trial": t, "storage": label, "accumulator": "exact",
                              "share": m["share"], "rel_l2": m["rel_l2"], "retrieved": m["retrieved"]})
@@ -190,7 +194,7 @@ README_COLUMNS = [("bf16 (vLLM)", "vllm", "bf16"), ("fp8 (vLLM)", "vllm", "fp8_e
 def readme_table(gpu: str = "H100", utilization: float = 0.9, rows: Sequence[tuple[str, int]] | None = None,
                  columns: Sequence[tuple[str, str, str]] | None = None) -> str:
     """The README's table, computed: requests of each context on one ``gpu`` per format, each counted by its
-    engine (:func:`kvcost.fleet.plan` with ``engine="vllm"`` or ``"llama.cpp"``; vLLM's defaults: block size
+    engine (:func:`kvcost.planning.fleet.plan` with ``engine="vllm"`` or ``"llama.cpp"``; vLLM's defaults: block size
     16, max_num_batched_tokens 2048), weights from each record, the default reserve. Markdown."""
     rows = list(rows or README_ROWS)
     columns = list(columns or README_COLUMNS)

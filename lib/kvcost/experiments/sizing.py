@@ -6,10 +6,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from .. import formats
-from ..hfconfig import SLIDING
-from ..models import POST_MODELS, load_model, model_record, naive_geometry
-from ..sizing import (
+from kvcost.models.footprint import (
     cache_bytes,
     check_context,
     growth_bytes_per_token,
@@ -17,7 +14,10 @@ from ..sizing import (
     plan,
     state_bytes,
 )
-from ..units import GIB, KIB, MIB
+from kvcost.models.hfconfig import SLIDING
+from kvcost.models.registry import POST_MODELS, load_model, model_record, naive_geometry
+from kvcost.storage import formats
+from kvcost.units import GIB, KIB, MIB
 
 __all__ = ["SIZING_COLUMNS", "corrected_table", "curves", "post_listing", "post_table", "within_context"]
 

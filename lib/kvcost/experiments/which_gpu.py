@@ -1,12 +1,12 @@
 """Notebook 10: which GPU and kernel lose the needle — error and retrieval against context per kernel.
 
 Every kernel of :data:`kvcost.numerics.kernels.KERNELS` (its facts from ``data/attention_kernels.csv``) runs
-on the same haystacks: notebook 06's real score profiles (:func:`kvcost.experiments.longrange.real_haystack`:
+on the same haystacks: notebook 06's real score profiles (:func:`kvcost.experiments.haystacks.real_haystack`:
 SmolLM2-135M's query heads, real sink and recent window, the bulk resampled from real keys, a needle of
 stated exact weight), each run with the needle and with its value replaced by the haystack mean, read by
 notebook 06's measures: the output's error and gain against exact attention on the stored cache
-(:func:`~kvcost.experiments.longrange.metrics`) and the needle's carried weight, kept by
-:data:`~kvcost.experiments.longrange.KEEP` (:func:`~kvcost.experiments.longrange.carried`).
+(:func:`~kvcost.experiments.measure.metrics`) and the needle's carried weight, kept by
+:data:`~kvcost.experiments.measure.KEEP` (:func:`~kvcost.experiments.measure.carried`).
 
 - :func:`grid`: rows per kernel x context x head x haystack;
 - :func:`law_grid`: FA3's no-fix pass with P·V's kept fraction bits set to F (13: Hopper's FP8 unit, 25:
@@ -24,11 +24,11 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from .. import stats
-from ..numerics import fa3, kernels
-from ..paths import data_path
-from ..provenance import checked
-from . import longrange as lr
+from kvcost import stats
+from kvcost.numerics import fa3, kernels
+from kvcost.paths import data_path
+from kvcost.provenance import checked
+from kvcost.retrieval import haystacks, measure
 
 __all__ = ["COMMITTED", "LAW_FRAC_BITS", "committed", "first_loss", "grid", "law_fit", "law_grid", "pick_heads",
            "restored", "slice_check", "summary"]
@@ -41,16 +41,16 @@ LAW_FRAC_BITS = (13, 25, 35)
 _BATCH_ELEMENTS = 1 << 25
 
 
-def pick_heads(count: int, source: str = "smollm2") -> list[lr.QueryHead]:
+def pick_heads(count: int, source: str = "smollm2") -> list[haystacks.QueryHead]:
     """``count`` query heads spread evenly over the extract's layers and heads (first and last included)."""
-    heads = lr.query_heads(source)
+    heads = haystacks.query_heads(source)
     if isinstance(count, bool) or not isinstance(count, int) or not 2 <= count <= len(heads):
         raise ValueError(f"parameter 'heads' must be an integer between 2 and {len(heads)}, got {count!r}")
     idx = np.unique(np.round(np.linspace(0, len(heads) - 1, count)).astype(int))
     return [heads[i] for i in idx]
 
 
-def restored(h: lr.Haystack, k: kernels.Kernel) -> lr.Haystack:
+def restored(h: haystacks.Haystack, k: kernels.Kernel) -> haystacks.Haystack:
     """Haystack ``h`` (stored e4m3) as kernel ``k`` reads it: unchanged for an e4m3 cache; for a cache in
     another format (NVFP4) K, V and the swapped-in mean are stored in it from ``h``'s values and the exact
     reference outputs recomputed on what is stored (so error means the kernel's arithmetic, not storage)."""
@@ -67,10 +67,10 @@ def restored(h: lr.Haystack, k: kernels.Kernel) -> lr.Haystack:
     hbar = (ref - w[j] * vv[j].astype(np.float64)) / (1.0 - w[j])
     swap = kernels.stored(hbar[None, :], k)[0]
     ref_off = ref + w[j] * (swap.astype(np.float64) - vv[j].astype(np.float64))
-    return lr.Haystack(h.q, kk, vv, j, float(w[j]), ref, hbar, swap, ref_off, h.parts)
+    return haystacks.Haystack(h.q, kk, vv, j, float(w[j]), ref, hbar, swap, ref_off, h.parts)
 
 
-def grid(ks: Sequence[kernels.Kernel], heads: Sequence[lr.QueryHead], n: int, trials: int, needle_weight: float,
+def grid(ks: Sequence[kernels.Kernel], heads: Sequence[haystacks.QueryHead], n: int, trials: int, needle_weight: float,
          seed: int, splits: int = 1) -> pd.DataFrame:
     """Every head x haystack (seeds ``seed + t``) at context ``n`` through each kernel, with the needle and
     with its value replaced by h̄: rows kernel, gpu, n_tokens, head, layer, trial, needle_w, rel_l2, gain,
@@ -81,7 +81,7 @@ def grid(ks: Sequence[kernels.Kernel], heads: Sequence[lr.QueryHead], n: int, tr
     rows = []
     for b0 in range(0, len(keys), per):
         batch = keys[b0:b0 + per]
-        base = [lr.real_haystack(h, n, needle_weight, seed + t) for h, t in batch]
+        base = [haystacks.real_haystack(h, n, needle_weight, seed + t) for h, t in batch]
         for kern in ks:
             hs = [restored(x, kern) for x in base]
             q = np.stack([x.q for x in hs] * 2)[:, None, :]
@@ -89,27 +89,28 @@ def grid(ks: Sequence[kernels.Kernel], heads: Sequence[lr.QueryHead], n: int, tr
             v = np.stack([x.v for x in hs] + [x.v_off() for x in hs])
             outs = kern.attend(q, k, v, splits=splits)[:, 0]
             for i, ((h, t), x) in enumerate(zip(batch, hs)):
-                m = lr.metrics(x, outs[i])
+                m = measure.metrics(x, outs[i])
                 rows.append({"kernel": kern.label, "gpu": kern.arch, "n_tokens": n, "head": h.label,
                              "layer": h.layer, "trial": t, "needle_w": x.weight, "splits": splits,
-                             "rel_l2": m["rel_l2"], "gain": m["gain"], **lr.carried(x, outs[i], outs[len(hs) + i])})
+                             "rel_l2": m["rel_l2"], "gain": m["gain"],
+                             **measure.carried(x, outs[i], outs[len(hs) + i])})
     return pd.DataFrame(rows)
 
 
-def law_grid(heads: Sequence[lr.QueryHead], ns: Sequence[int], trials: int, needle_weight: float, seed: int,
+def law_grid(heads: Sequence[haystacks.QueryHead], ns: Sequence[int], trials: int, needle_weight: float, seed: int,
              frac_bits: Sequence[int] = LAW_FRAC_BITS, block_n: int = 128) -> pd.DataFrame:
     """FA3's no-fix FP8 pass on Hopper's unit with P·V's kept fraction bits set to each F (the register
     e8m{min(F, 23)}, truncated): rows frac_bits, n_tokens, head, trial, rel_l2, gain, x = n·2^-F."""
     rows = []
     for n in ns:
-        hs = [(h, t, lr.real_haystack(h, n, needle_weight, seed + t)) for h in heads for t in range(trials)]
+        hs = [(h, t, haystacks.real_haystack(h, n, needle_weight, seed + t)) for h in heads for t in range(trials)]
         q = np.stack([x.q for _, _, x in hs])[:, None, :]
         k = np.stack([x.k for _, _, x in hs])
         v = np.stack([x.v for _, _, x in hs])
         for f in frac_bits:
             outs = fa3.attend(q, k, v, block_n=block_n, frac_bits=int(f))[:, 0]
             for i, (h, t, x) in enumerate(hs):
-                m = lr.metrics(x, outs[i])
+                m = measure.metrics(x, outs[i])
                 rows.append({"frac_bits": int(f), "n_tokens": n, "head": h.label, "trial": t,
                              "rel_l2": m["rel_l2"], "gain": m["gain"], "x": n * 2.0 ** -int(f)})
     return pd.DataFrame(rows)

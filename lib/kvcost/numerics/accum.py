@@ -21,8 +21,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..floats import FloatFormat, parse_format
-from ._jit import FP32_EMIN, FP32_MAN, FP32_MAX, add_nb, round_nb
+from kvcost.floats import FloatFormat, parse_format
+from kvcost.numerics._jit import FP32_EMIN, FP32_MAN, FP32_MAX, add_nb, round_nb
 
 __all__ = [
     "PROFILES",
@@ -46,7 +46,7 @@ _CHUNK = 1 << 16          # rows per np.add.accumulate call (bounds the temporar
 @njit(cache=True)
 def post_block3_loop(n, kind):   # pragma: no cover - compiled
     """The post's Block 3 loop, operation for operation (``kind`` 0 fp32, 1 bf16, 2 fp16, 3 its "two-level"
-    column): what ``kvcost.experiments.flat_sum.post_flat_sum`` returns, compiled."""
+    column): what ``kvcost.experiments.accumulator_floor.post_flat_sum`` returns, compiled."""
     term = 1.0 / n
     t32 = np.float32(term)
     if kind == 0 or kind == 3:           # fp32 flat, or the "two-level" column

@@ -39,12 +39,12 @@ import ml_dtypes
 import numba
 import numpy as np
 
-from ..floats import round_to
-from ..paths import data_path
-from ..provenance import checked
-from ._jit import OUT_FP32, OUT_TRUNC_INF
-from .fa3kernel import all_e4m3, attend_nb, lanes32, row, store_e4m3_nb, weights_nb
-from .instructions import OPERAND_TYPES, Unit, get
+from kvcost.floats import round_to
+from kvcost.numerics._jit import OUT_FP32, OUT_TRUNC_INF
+from kvcost.numerics.fa3kernel import all_e4m3, attend_nb, lanes32, row, store_e4m3_nb, weights_nb
+from kvcost.numerics.instructions import OPERAND_TYPES, Unit, get
+from kvcost.paths import data_path
+from kvcost.provenance import checked
 
 __all__ = [
     "ACCUMULATORS",

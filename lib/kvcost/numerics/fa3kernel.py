@@ -15,8 +15,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ..floats import round_to
-from ._jit import OUT_TRUNC, OUT_TRUNC_INF, add_nb, fused_rows, fused_rows32, gtr_rows, lead2, round_nb
+from kvcost.floats import round_to
+from kvcost.numerics._jit import OUT_TRUNC, OUT_TRUNC_INF, add_nb, fused_rows, fused_rows32, gtr_rows, lead2, round_nb
 
 _F32MAX = float(np.finfo(np.float32).max)
 _BF16MAX = float(round_to(3.3895313892515355e38, "bf16"))

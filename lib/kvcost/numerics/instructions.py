@@ -21,7 +21,7 @@ import csv
 from dataclasses import dataclass
 from functools import cache
 
-from ..paths import data_path
+from kvcost.paths import data_path
 
 __all__ = ["ARCHS", "OPERAND_TYPES", "SCALE_TYPES", "Unit", "examples", "get", "instructions"]
 

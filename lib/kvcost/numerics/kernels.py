@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from ..floats import round_to
-from ..quant import roundtrip
-from . import fa3
+from kvcost.floats import round_to
+from kvcost.numerics import fa3
+from kvcost.storage.quant import roundtrip
 
 __all__ = ["KERNELS", "PHASES", "Kernel", "kernel", "kernels", "lineup", "lineup_table", "stored"]
 
@@ -245,7 +245,7 @@ def lineup_table(ks: list[Kernel]) -> list[dict[str, Any]]:
 def stored(x: Any, k: Kernel) -> np.ndarray:
     """``x`` as kernel ``k`` reads it: e4m3 at scale 1.0 (float32) for FP8 kernels; for storage-only
     kernels the stored format (e4m3, or NVFP4: e2m1 with an e4m3 scale per 16 values,
-    :func:`kvcost.quant.roundtrip`) dequantized to bf16, as the kernel dequantizes into shared memory."""
+    :func:`kvcost.storage.quant.roundtrip`) dequantized to bf16, as the kernel dequantizes into shared memory."""
     a = np.asarray(x, dtype=np.float32)
     if k.kv_format == "nvfp4":
         deq = roundtrip(a.reshape(-1, a.shape[-1]).astype(np.float64), "nvfp4").reshape(a.shape)

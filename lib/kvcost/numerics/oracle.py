@@ -22,8 +22,8 @@ import torch
 from mmasim.amd import MFMA
 from mmasim.nv_ptx import MMA, WGMMA, MMABlockScale, TCGen05MMA, TCGen05MMABlockScale
 
-from .instructions import OPERAND_TYPES, Unit, get
-from .tensorcore import matmul_unit, operand_values
+from kvcost.numerics.instructions import OPERAND_TYPES, Unit, get
+from kvcost.numerics.tensorcore import matmul_unit, operand_values
 
 __all__ = ["CASES", "cases", "compare", "sim_matmul", "type_values", "validate"]
 

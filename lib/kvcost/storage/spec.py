@@ -1,20 +1,20 @@
 """The one parser of compound KV-cache storage specs: ``[store:]K[/V][+hadamard][@hf|@gguf][;skip=...]``.
 
-Every module that takes a storage format as text (the CLI, :mod:`kvcost.sizing`, :mod:`kvcost.quant`,
-the real-decoder cache hook :mod:`kvcost.realmodel`, the planner :mod:`kvcost.experiments.plan`)
+Every module that takes a storage format as text (the CLI, :mod:`kvcost.models.footprint`, :mod:`kvcost.storage.quant`,
+the real-decoder cache hook :mod:`kvcost.models.decoders`, the planner :mod:`kvcost.experiments.plan`)
 reads it through :func:`parse_spec` and works on the :class:`CacheSpec` it returns; none slices the
 text itself.
 
 =======================  ===========================================================================
 ``store:``               the format stores the real decoder's cache (a passkey variant's prefix)
 ``K`` / ``K/V``          K's format, and V's when it differs (llama.cpp ``-ctk q8_0 -ctv q4_0``);
-                         any :mod:`kvcost.formats` name or alias (``fp8`` is ``fp8_e4m3``)
+                         any :mod:`kvcost.storage.formats` name or alias (``fp8`` is ``fp8_e4m3``)
 ``+hadamard``            K and V rotated by the normalized Hadamard matrix of the whole head before storing
                          (QuaRot; llama.cpp PR #21038's idea). llama.cpp as shipped rotates K in blocks of
                          the largest power of two (>= 64) dividing the head size and V in blocks of 64,
                          by default, for quantized cache types only: :func:`llamacpp_rotation`
 ``@hf`` / ``@gguf``      the channel order K's blocks are cut in: transformers' or the GGUF file's
-                         (:data:`kvcost.realmodel.K_LAYOUTS`); only for formats with channel blocks
+                         (:data:`kvcost.models.decoders.K_LAYOUTS`); only for formats with channel blocks
 ``;skip=a,b``            layers kept unquantized, as vLLM's ``kv_cache_dtype_skip_layers``: layer
                          indices or the attention type ``sliding_window``
 ``;skip_dtype=T``        the format those layers keep (default ``bf16``, vLLM's ``auto`` for a bf16
@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .. import formats
+from kvcost.storage import formats
 
 __all__ = ["CHANNEL_ORDERS", "HADAMARD", "LLAMACPP_ROT_MIN", "SKIP_KINDS", "STORE_PREFIX", "CacheSpec",
            "ChannelOrderError", "llamacpp_rotation", "parse_spec"]
@@ -49,7 +49,7 @@ _GRAMMAR = re.compile(
     r"(?P<store>store:)?(?P<k>[a-z0-9_]+)(?:/(?P<v>[a-z0-9_]+))?(?P<rot>\+hadamard)?(?:@(?P<order>[a-z]+))?"
     r"(?P<opts>(?:;[a-z_]+=[a-z0-9_,]*)*)")
 _ALLOWED = ("'[store:]K[/V][+hadamard][@hf|@gguf][;skip=sliding_window,0,...][;skip_dtype=T]', K and V "
-            "kvcost.formats names")
+            "kvcost.storage.formats names")
 
 
 class ChannelOrderError(ValueError):
@@ -58,7 +58,7 @@ class ChannelOrderError(ValueError):
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """A parsed storage spec: K's and V's formats (canonical :mod:`kvcost.formats` names), the rotation,
+    """A parsed storage spec: K's and V's formats (canonical :mod:`kvcost.storage.formats` names), the rotation,
     K's channel order, the layers kept in ``skip_dtype`` and whether it came with ``store:``."""
 
     k: str

@@ -17,12 +17,12 @@ from functools import lru_cache
 import ml_dtypes
 import numpy as np
 
-from .. import formats
+from kvcost.storage import formats
 
 __all__ = ["PRESETS", "hadamard", "key_roundtrip", "lloyd_max", "roundtrip", "value_roundtrip"]
 
 _F32 = np.float32
-#: The presets, from :data:`kvcost.formats.TURBOQUANT`: name -> (key bits, value bits, norm correction).
+#: The presets, from :data:`kvcost.storage.formats.TURBOQUANT`: name -> (key bits, value bits, norm correction).
 PRESETS = formats.TURBOQUANT
 _MSE_BITS = (3, 4)
 _E4M3_MAX = _F32(448.0)

@@ -7,10 +7,10 @@
 ``spec`` reads and checks a sweep file, ``store`` keeps each run's folder and the combined
 tables, ``execute`` schedules the runs, ``cli`` is the command line (README: Sweeps).
 """
-from .cli import main
-from .execute import Outcome, pending, run_sweep
-from .spec import Run, Sweep, available, expand, load
-from .store import MISSING_COLUMN, combine, record, run_dir, state
+from kvcost.sweep.cli import main
+from kvcost.sweep.execute import Outcome, pending, run_sweep
+from kvcost.sweep.spec import Run, Sweep, available, expand, load
+from kvcost.sweep.store import MISSING_COLUMN, combine, record, run_dir, state
 
 __all__ = [
            "MISSING_COLUMN",

@@ -1,6 +1,6 @@
 """``python -m kvcost.sweep``: see :mod:`kvcost.sweep.cli`."""
 import sys
 
-from .cli import main
+from kvcost.sweep.cli import main
 
 sys.exit(main())

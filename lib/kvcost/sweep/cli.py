@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from ..params import shorten
-from ..paths import repo_root
-from ..runner import LOG_FILE, check_out
-from .execute import Outcome, run_sweep
-from .spec import Sweep, available, describe, load
-from .store import is_sweep_folder, publish, record, run_dir, seconds_per_run, state
+from kvcost.params import shorten
+from kvcost.paths import repo_root
+from kvcost.runner import LOG_FILE, check_out
+from kvcost.sweep.execute import Outcome, run_sweep
+from kvcost.sweep.spec import Sweep, available, describe, load
+from kvcost.sweep.store import is_sweep_folder, publish, record, run_dir, seconds_per_run, state
 
 __all__ = ["duration", "main"]
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .. import __version__
-from ..runner import allow_runs, execute_run, folder_lock, terminate_children
-from .spec import Run, Sweep
-from .store import clean_partial, combine, mark, save_run, state
+from kvcost import __version__
+from kvcost.runner import allow_runs, execute_run, folder_lock, terminate_children
+from kvcost.sweep.spec import Run, Sweep
+from kvcost.sweep.store import clean_partial, combine, mark, save_run, state
 
 __all__ = ["Outcome", "pending", "run_sweep"]
 

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..params import clip, shorten
-from ..paths import repo_root
-from ..runner import check_params, load_yaml, notebook_path, run_key, script_argv, source_hash
+from kvcost.params import clip, shorten
+from kvcost.paths import repo_root
+from kvcost.runner import check_params, load_yaml, notebook_path, run_key, script_argv, source_hash
 
 __all__ = ["MAX_RUNS", "Run", "Sweep", "available", "describe", "expand", "load", "sweeps_dir"]
 

@@ -28,10 +28,10 @@ from typing import Any
 
 import pandas as pd
 
-from .. import provenance
-from ..params import shorten
-from ..runner import RESULT_FILE, atomic_write, inside
-from .spec import Sweep
+from kvcost import provenance
+from kvcost.params import shorten
+from kvcost.runner import RESULT_FILE, atomic_write, inside
+from kvcost.sweep.spec import Sweep
 
 __all__ = ["MISSING_COLUMN", "SCHEMAS", "SWEEP_FILE", "TABLES_FILE", "check_rows", "clean_partial", "combine",
            "is_sweep_folder", "mark", "publish", "record", "run_dir", "save_run", "seconds_per_run", "state"]

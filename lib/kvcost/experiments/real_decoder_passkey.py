@@ -1,0 +1,253 @@
+"""Passkey retrieval on SmolLM2-135M: exact attention, stored K/V formats, the FP8 kernel path.
+
+RULER's single-needle task (``niah_single_1``, in the model's chat template as RULER does for chat
+models: a "noise" haystack of repeated sentences, one
+needle "One of the special magic numbers for {key} is: {value}." at a chosen depth, the
+question at the end, a 7-digit value) built to a token budget with the model's tokenizer
+(:func:`build_prompt`). A trial succeeds when greedy decoding reproduces the value: scored by
+teacher forcing, the model's top-1 token equals the value's token at every position of the
+answer (exactly the condition for greedy decoding to emit the value after the answer prefix).
+
+Variants of one trial (:data:`VARIANTS` holds the spellings):
+
+- ``exact``: stock attention (torch SDPA, float32).
+- ``store:<fmt>``: K/V stored in ``fmt`` (kvcost.models.decoders.StoredCache) for every row.
+- ``fa3[:k=v,...]``: FlashAttention-3's FP8 forward pass (kvcost.fa3.attend: Q, K, V in e4m3 at
+  scale 1.0, P in e4m3, P·V on the tensor core with ``frac_bits``, ``flush_every``) for the
+  question and answer rows of every layer, earlier rows exact (fast mode; the exact prefix is
+  computed once per trial and shared); ``fa3:rows=answer[,...]`` emulates only the rows that
+  predict the answer (the last ``n_answer + 1``: the question itself exact too), the cheapest
+  mode; ``fa3full[...]`` runs every row of every layer through it (faithful mode).
+
+torch and transformers are imported where used (the ``[real-model]`` extra).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvcost.models import decoders, sliding_window
+from kvcost.numerics import fa3
+
+__all__ = ["HAYSTACK", "KEYS", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention", "run_trial"]
+
+#: Which rows a fast-mode variant emulates: ``tail`` (the question and the answer) or ``answer``
+#: (the last ``n_answer + 1`` rows, those whose logits are scored).
+ROWS = ("tail", "answer")
+
+#: RULER's "noise" haystack sentence (the passkey task of Mohtashami & Jaggi, 2023).
+HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+#: Needle keys (RULER draws a word; a fixed list keeps trials reproducible without a word list).
+KEYS = ("apple", "river", "garden", "silver", "candle", "forest", "window", "harbor", "meadow", "lantern",
+        "pepper", "castle", "velvet", "comet", "island", "marble", "thunder", "orchid", "falcon", "saddle")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Token ids of one trial: ``prefix`` (instruction, haystack and needle), ``tail`` (question,
+    answer prefix and the value's tokens); the value occupies the last ``n_answer`` tail tokens."""
+
+    prefix: list[int]
+    tail: list[int]
+    n_answer: int
+    key: str
+    value: str
+    depth: float
+
+
+def build_prompt(tok: Any, context: int, depth: float, seed: int) -> Prompt:
+    """A RULER niah_single_1 prompt of about ``context`` tokens with the needle at ``depth`` (0-1)."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"parameter 'depth' must be in [0, 1], got {depth!r}")
+    rng = np.random.default_rng(seed)
+    key = KEYS[int(rng.integers(len(KEYS)))]
+    value = str(int(rng.integers(1_000_000, 10_000_000)))
+    system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    head = (system + "<|im_start|>user\nSome special magic numbers are hidden within the following text. "
+            "Make sure to memorize it. I will quiz you about the numbers afterwards.\n")
+    needle = f" One of the special magic numbers for {key} is: {value}."
+    question = (f"\nWhat is the special magic number for {key} mentioned in the provided text?<|im_end|>\n"
+                "<|im_start|>assistant\n")
+    answer = f"The special magic number for {key} mentioned in the provided text is"
+
+    def ids(s: str) -> list[int]:
+        return tok(s, add_special_tokens=False)["input_ids"]
+
+    hay = ids(" " + HAYSTACK)
+    fixed = len(ids(head)) + len(ids(needle)) + len(ids(question + answer)) + 8
+    n_rep = max(1, (context - fixed) // len(hay))
+    cut = round(depth * n_rep)
+    body = " " + " ".join([HAYSTACK] * cut) if cut else ""
+    rest = " " + " ".join([HAYSTACK] * (n_rep - cut)) if n_rep - cut else ""
+    prefix = ids(head + body.lstrip() + needle + rest)
+    ans = ids(" " + value)
+    tail = ids(question + answer) + ans
+    return Prompt(prefix, tail, len(ans), key, value, float(depth))
+
+
+def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
+    """``(kind, options)`` of a variant name: ``exact``, ``store:<fmt>``, ``fa3[:k=v,...]``,
+    ``fa3full[:k=v,...]`` (options: ``frac_bits`` (the P·V register alone), ``qk_frac_bits`` (QKᵀ's),
+    ``flush_every``, ``p_format``, ``arch`` (the GPU whose FP8 unit runs the kernel, e.g. ``Blackwell``),
+    and for ``fa3`` ``rows``: ``tail`` (question and answer, the default) or ``answer``)."""
+    if name == "exact":
+        return "exact", {}
+    fmt = decoders.stored_format(name)
+    if fmt is not None:
+        decoders.parse_format(fmt)
+        return "store", {"fmt": fmt}
+    kind, _, opts = name.partition(":")
+    if kind not in ("fa3", "fa3full"):
+        raise ValueError(f"parameter 'variant': unknown variant {name!r}")
+    out: dict[str, Any] = {}
+    for item in filter(None, opts.split(",")):
+        k, _, v = item.partition("=")
+        if k in ("frac_bits", "qk_frac_bits", "flush_every"):
+            out[k] = int(v)
+        elif k == "p_format":
+            out[k] = v
+        elif k == "arch":
+            fa3.unit_for(v.replace("_", " "))          # 'Ada_Lovelace' in a variant name: no spaces there
+            out[k] = v.replace("_", " ")
+        elif k == "rows" and kind == "fa3" and v in ROWS:
+            if v != "tail":
+                out[k] = v
+        elif k == "rows":
+            raise ValueError(f"parameter 'variant': rows={v!r} in {name!r}: fa3 takes rows in {list(ROWS)}, "
+                             "fa3full emulates every row")
+        else:
+            raise ValueError(f"parameter 'variant': unknown option {k!r} in {name!r}")
+    return kind, out
+
+
+class FA3Attention:
+    """A transformers attention function: kvcost.fa3.attend while ``active``, else SDPA; a sliding-window
+    layer (a call with ``sliding_window`` shorter than its keys: Gemma 3's 15 of 18) always through the exact
+    banded attention (:func:`kvcost.models.sliding_window.banded_attention`), so that the FP8 emulation acts on the
+    global layers only (counted in ``calls``; the sliding ones in ``sliding_calls``).
+
+    Register it (:meth:`register`) and switch ``active`` / ``options`` between forward passes.
+    K and V are stored in e4m3 (the kernel's cache) once per layer and reused while the cache
+    they came from only grows: the keys a later call shares with the last one are not rounded
+    again (the same values, so the same result, as storing them every call).
+    """
+
+    NAME = "kvcost_fa3"
+
+    def __init__(self) -> None:
+        self.active = False
+        self.options: dict[str, Any] = {}
+        self.calls = 0
+        self.sliding_calls = 0
+        self._stored: dict[int, tuple[np.ndarray, ...]] = {}
+
+    def stored_kv(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``k``, ``v`` (kv_heads, n, d) float32 as the FP8 cache holds them (fa3.store, e4m3)."""
+        n0 = 0
+        old = self._stored.get(layer)
+        if old is not None:
+            m = min(old[0].shape[1], k.shape[1])
+            if np.array_equal(old[0][:, :m], k[:, :m]) and np.array_equal(old[1][:, :m], v[:, :m]):
+                n0 = m
+        sk, sv = (fa3.store(x[:, n0:], "e4m3") for x in (k, v))
+        if n0:
+            sk, sv = np.concatenate([old[2][:, :n0], sk], axis=1), np.concatenate([old[3][:, :n0], sv], axis=1)
+        self._stored[layer] = (k.copy(), v.copy(), sk, sv)
+        return sk, sv
+
+    def __call__(self, module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
+                 **kwargs: Any) -> tuple[Any, None]:
+        import torch
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        window = kwargs.pop("sliding_window", None)
+        if window is not None and window < key.shape[2]:
+            # a sliding-window layer (Gemma 3's): exact banded attention, emulated or not — transformers
+            # builds no mask for a custom attention name, and the FP8 emulation has no window
+            self.sliding_calls += 1
+            out = sliding_window.banded_attention(query, key, value, int(window), scaling or query.shape[-1] ** -0.5)
+            return out.transpose(1, 2).contiguous(), None
+        if not self.active:
+            n_q, n_k = query.shape[2], key.shape[2]
+            if attention_mask is None and 1 < n_q < n_k:
+                # transformers builds no mask for a custom attention name, and SDPA's is_causal would
+                # align the triangle top-left; a chunk after a cache needs it bottom-right
+                attention_mask = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)[None, None]
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        self.calls += 1
+        k, v = self.stored_kv(module.layer_idx, key[0].detach().numpy(), value[0].detach().numpy())
+        # kv_format e4m3 on values already e4m3: the store leaves them as they are, and tells fa3 its
+        # float32-lane tensor core applies without a check
+        out = fa3.attend(query[0].detach().numpy(), k, v, causal=True, softmax_scale=scaling, kv_format="e4m3",
+                         **self.options)
+        return torch.from_numpy(out.astype(np.float32)).transpose(0, 1).unsqueeze(0), None
+
+    def register(self, model: Any) -> None:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(self.NAME, self)
+        model.set_attn_implementation(self.NAME)
+
+
+def _score(logits: Any, tail: list[int], n_answer: int) -> dict[str, Any]:
+    """Teacher-forced check of the answer rows: ``logits`` (rows, vocab) for the last rows of the
+    tail (at least ``n_answer + 1``), where each row predicts the next tail token."""
+    ans = np.asarray(tail[-n_answer:])
+    rows = logits[-n_answer - 1:-1].detach().numpy().astype(np.float64)
+    top = rows.argmax(axis=1)
+    true = rows[np.arange(n_answer), ans]
+    rows2 = rows.copy()
+    rows2[np.arange(n_answer), ans] = -np.inf
+    margin = float(np.min(true - rows2.max(axis=1)))
+    return {"success": bool(np.all(top == ans)), "margin": margin}
+
+
+def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str]) -> dict[str, dict[str, Any]]:
+    """Score every variant on one prompt; returns ``{variant: {"success", "margin", "seconds"}}``.
+
+    ``margin``: the smallest logit gap, over the answer tokens, between the value's token and the
+    best other token (negative when a wrong token wins). ``seconds``: the variant's time (the shared
+    exact prefix is counted in the first variant that needs it).
+    """
+    import torch
+
+    parsed = {v: parse_variant(v) for v in variants}
+    out: dict[str, dict[str, Any]] = {}
+    full = torch.tensor([prompt.prefix + prompt.tail])
+    n_pre = len(prompt.prefix)
+    shared = None
+    with torch.no_grad():
+        for name, (kind, opt) in parsed.items():
+            t0 = time.perf_counter()
+            if kind in ("exact", "fa3"):
+                if shared is None:
+                    attn.active = False
+                    shared = decoders.StoredCache("fp32")
+                    model(full[:, :n_pre], past_key_values=shared, use_cache=True, logits_to_keep=1)
+                extra = shared.get_seq_length() - n_pre
+                if extra > 0:
+                    shared.crop(-extra)
+                opt = dict(opt)
+                start = n_pre
+                if opt.pop("rows", "tail") == "answer":      # the question's rows exact as well
+                    start = full.shape[1] - prompt.n_answer - 1
+                    attn.active = False
+                    model(full[:, n_pre:start], past_key_values=shared, use_cache=True, logits_to_keep=1)
+                attn.active, attn.options = kind == "fa3", opt
+                logits = model(full[:, start:], past_key_values=shared, use_cache=True,
+                               logits_to_keep=prompt.n_answer + 1).logits[0]     # the rows _score reads
+            elif kind == "store":
+                attn.active = False
+                cache = decoders.StoredCache(opt["fmt"])
+                logits = model(full, past_key_values=cache, use_cache=True,
+                               logits_to_keep=len(prompt.tail)).logits[0]
+            else:                                    # fa3full: every row of every layer
+                attn.active, attn.options = True, opt
+                logits = model(full, past_key_values=decoders.StoredCache("fp32"), use_cache=True,
+                               logits_to_keep=len(prompt.tail)).logits[0]
+            attn.active = False
+            out[name] = _score(logits, prompt.tail, prompt.n_answer) | {"seconds": time.perf_counter() - t0}
+    return out

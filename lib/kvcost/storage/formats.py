@@ -1,0 +1,456 @@
+"""KV-cache storage formats and the bytes they really take.
+
+A format is how one K (or V) value is stored, *including* whatever metadata the
+format needs to decode it: llama.cpp's block scales, a KIVI group's scale and
+zero point, an fp8 cache's per-token scales. ``bytes_per_value`` and
+``bits_per_value`` give the amortized cost exactly (a :class:`fractions.Fraction`
+where it matters), so "q8_0 is 8-bit" becomes "q8_0 is 8.5 bits".
+
+Names understood by :func:`get`:
+
+=========================  ==========================================================
+``fp32``, ``bf16``,        plain floats: 4, 2, 2 bytes (llama.cpp spellings ``f32``,
+``fp16``                   ``f16``; ``float16``/``bfloat16``/``float32`` also accepted)
+``fp8_e4m3``,              one byte; a per-tensor scale is negligible and not counted
+``fp8_e5m2``,              (``fp8`` = ``fp8_e4m3``, vLLM's default fp8 cache). The element
+``fp8_e4m3fnuz``           types are ml_dtypes' ``float8_e4m3fn`` (OCP, max 448, NaN, no inf),
+                           ``float8_e5m2`` and ``float8_e4m3fnuz`` (MI300: max 240, bias 8, one
+                           NaN, no -0). The bare ``e4m3`` is refused: :mod:`kvcost.floats` reads
+                           it as the IEEE-style eXmY format (max 240, with inf)
+``fp8_e4m3_head``          one byte plus one fp32 scale per KV head per layer (a
+(and ``_e5m2_head``)       constant, not per token: counted by :func:`fixed_bytes`)
+``fp8_e4m3_token``         one byte plus one fp32 scale per token per KV head, i.e.
+(and ``_e5m2_token``)      4 bytes per ``head_dim`` values
+``q8_0`` ``q4_0``          llama.cpp blocks of 32 values: 34, 18, 20, 22, 24, 18
+``q4_1`` ``q5_0``          bytes per block (fp16 scale, fp16 min for ``_1``, high
+``q5_1`` ``iq4_nl``        bits for ``q5``; ``iq4_nl`` is a 4-bit non-linear table)
+``int{k}_g{g}``            KIVI-style asymmetric int-k in groups of g values, one fp16
+                           scale and one fp16 zero point per group (k in 1..8)
+``int{k}_token``,          the post's symmetric absmax int-k (k in 2..16): one fp32 scale
+``int{k}_channel``         per token per KV head (4 bytes per ``head_dim`` values), or one
+                           per channel for the whole sequence (constant, not counted)
+``kivi{k}[_g{g}][_r{R}]``  int-k groups (default g=32) plus a full-precision (fp16)
+                           residual window of the R most recent tokens (default 128),
+                           the configuration of the KIVI paper
+``nvfp4``,                 E2M1 values and a UE4M3 (e4m3fn) scale per 16 values, plus one
+``nvfp4_4over6``           fp32 tensor scale (not counted): hd/2 + hd/16 bytes per head
+``mxfp4``,                 OCP MX v1.0: E2M1 elements, an E8M0 scale per 32 values (4.25
+``fp4_mx_block16``,        bits); SGLang's E2M1 with an E8M0 scale per 16 (4.5 bits); E4M3
+``mxfp8``                  elements and an E8M0 scale per 32 (8.25 bits)
+``turboquant_k8v4``,       vLLM's TurboQuant presets: K as fp8 e4m3 (k8) or Lloyd-Max codes of
+``turboquant_4bit_nc``,    the Hadamard-rotated unit vector plus an fp16 norm (4 / 3 bits,
+``turboquant_k3v4_nc``,    ``_nc``: the codes' vector re-normalized on read), V as asymmetric
+``turboquant_3bit_nc``     uniform 4 / 3-bit codes with an fp16 scale and zero per head vector; K
+                           and V share one slot per token and head, whose bytes
+                           (:func:`turboquant_slot`) are split evenly between K and V here
+=========================  ==========================================================
+
+Engine spellings (vLLM ``--kv-cache-dtype``, llama.cpp ``-ctk``/``-ctv``, SGLang
+``--kv-cache-dtype``) are each format's :attr:`Format.engines`; :func:`engine_name` and
+:func:`from_engine` translate both ways, and :func:`get` accepts the unambiguous ones
+(``float16``, ``fp8_per_token_head``, ``int8_per_token_head``, ...). Sources of every layout:
+``data/storage_formats.md`` and ``data/ggml_formats.md``.
+
+This module imports only the standard library so ``python -m kvcost`` stays fast.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+__all__ = [
+    "Format", "get", "names", "all_names", "bytes_per_value", "bits_per_value", "row_bytes",
+    "fixed_bytes", "describe", "describe_full", "engine_name", "from_engine", "ENGINES", "GGML_BLOCKS", "BLOCK_FLOATS",
+    "NAMES_2026", "TURBOQUANT", "TurboQuantSlot", "turboquant_slot",
+]
+
+#: llama.cpp block formats usable for the KV cache (ggml-common.h block structs):
+#: name -> (values per block, bytes per block, payload bits per value, layout).
+GGML_BLOCKS: dict[str, tuple[int, int, int, str]] = {
+    "q8_0": (32, 34, 8, "32 int8 + fp16 scale"),
+    "q4_0": (32, 18, 4, "32 x 4-bit + fp16 scale"),
+    "q4_1": (32, 20, 4, "32 x 4-bit + fp16 scale + fp16 min"),
+    "q5_0": (32, 22, 5, "32 x 4-bit + 32 high bits + fp16 scale"),
+    "q5_1": (32, 24, 5, "32 x 4-bit + 32 high bits + fp16 scale + fp16 min"),
+    "iq4_nl": (32, 18, 4, "32 x 4-bit indices into a non-linear table + fp16 scale"),
+}
+
+#: Block-scaled float formats (data/storage_formats.md): name -> (values per block, element type,
+#: element bits, block-scale type, scale bytes per block, family, description). Element and scale
+#: types are ml_dtypes names; ``nvfp4`` also keeps one fp32 scale per tensor, not counted.
+BLOCK_FLOATS: dict[str, tuple[int, str, int, str, int, str, str]] = {
+    "nvfp4": (16, "float4_e2m1fn", 4, "float8_e4m3fn", 1, "nvfp4",
+              "NVFP4: E2M1 values, a UE4M3 scale per 16, an fp32 tensor scale (not counted)"),
+    "nvfp4_4over6": (16, "float4_e2m1fn", 4, "float8_e4m3fn", 1, "nvfp4",
+                     "NVFP4 whose block scale is max/6 or max/4, the one with the smaller squared error"),
+    "mxfp4": (32, "float4_e2m1fn", 4, "float8_e8m0fnu", 1, "mx", "OCP MXFP4: E2M1 values, an E8M0 scale per 32"),
+    "fp4_mx_block16": (16, "float4_e2m1fn", 4, "float8_e8m0fnu", 1, "mx",
+                       "SGLang fp4_mx_block16: E2M1 values, an E8M0 scale per 16"),
+    "mxfp8": (32, "float8_e4m3fn", 8, "float8_e8m0fnu", 1, "mx", "OCP MXFP8: E4M3 values, an E8M0 scale per 32"),
+}
+
+#: vLLM's TurboQuant presets (``vllm/model_executor/layers/quantization/turboquant/config.py``, ``TQ_PRESETS``;
+#: data/storage_formats.md): name -> (key bits: 8 = fp8 e4m3 keys, 3 / 4 = Lloyd-Max codes; value bits;
+#: norm correction).
+TURBOQUANT: dict[str, tuple[int, int, bool]] = {
+    "turboquant_k8v4": (8, 4, False),
+    "turboquant_4bit_nc": (4, 4, True),
+    "turboquant_k3v4_nc": (3, 4, True),
+    "turboquant_3bit_nc": (3, 3, True),
+}
+_TQ_NORM_BYTES = 2        # the key's vec_norm, fp16 (vLLM >= 0.20; PR #38479 as merged reserved 2 more: res_norm)
+_TQ_VALUE_META_BYTES = 4  # the value's fp16 scale and fp16 zero (its minimum)
+
+#: The fp8 element types of the ``fp8_*`` names (ml_dtypes spellings).
+_FP8_ELEMENTS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "float8_e4m3fnuz"}
+
+#: Engine spellings: engine -> {engine's name: kvcost name}. vLLM ``--kv-cache-dtype``
+#: (vllm/config/cache.py ``CacheDType``), llama.cpp ``-ctk``/``-ctv`` (``kv_cache_types`` in
+#: common/arg.cpp), SGLang ``--kv-cache-dtype``; sources in data/storage_formats.md. ``auto`` (the
+#: model's dtype) is not a format and is left to the engine models.
+ENGINES: dict[str, dict[str, str]] = {
+    "vllm": {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
+             "fp8_e5m2": "fp8_e5m2", "fp8_per_token_head": "fp8_e4m3_token",
+             "int8_per_token_head": "int8_token", "int4_per_token_head": "int4_token",
+             "nvfp4": "nvfp4", "nvfp4_4over6": "nvfp4_4over6", "fp8_inc": "fp8_e4m3",
+             **{n: n for n in TURBOQUANT}},
+    "llama.cpp": {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1",
+                  "q5_0": "q5_0", "q5_1": "q5_1", "iq4_nl": "iq4_nl"},
+    "sglang": {"bf16": "bf16", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2",
+               "mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp4_mx_block16": "fp4_mx_block16"},
+}
+
+_PLAIN: dict[str, tuple[int, str]] = {
+    "fp32": (4, "IEEE float32"),
+    "bf16": (2, "bfloat16"),
+    "fp16": (2, "IEEE float16"),
+}
+
+_ALIASES = {
+    "f32": "fp32", "float32": "fp32", "float": "fp32",
+    "f16": "fp16", "float16": "fp16", "half": "fp16",
+    "bfloat16": "bf16",
+    "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2",
+    "float8_e4m3fnuz": "fp8_e4m3fnuz",
+    # vLLM's per-token-head caches are the post's per-token layouts (one fp32 scale per token and KV head)
+    "fp8_per_token_head": "fp8_e4m3_token", "int8_per_token_head": "int8_token",
+    "int4_per_token_head": "int4_token",
+    # the reference that stores nothing: one name ("none" in the planner's tables)
+    "none": "exact",
+}
+
+#: Bare element names that mean different formats in different libraries: refused with the choices.
+_AMBIGUOUS = {
+    "e4m3": "'e4m3' is ambiguous: kvcost.floats reads it as the IEEE-style eXmY format (bias 7, inf, max 240); "
+            "as a storage format say 'fp8_e4m3' (ml_dtypes float8_e4m3fn: OCP, max 448) or 'fp8_e4m3fnuz' "
+            "(float8_e4m3fnuz: MI300, max 240, no inf, no -0)",
+    "e5m2": "'e5m2' is ambiguous: kvcost.floats reads it as the eXmY format; as a storage format say 'fp8_e5m2' "
+            "(ml_dtypes float8_e5m2)",
+}
+
+_SCALE_BYTES_FP8 = 4      # fp32 scales, as vLLM stores k_scale / v_scale
+_GROUP_META_BYTES = 4     # KIVI: one fp16 scale + one fp16 zero point per group
+_KIVI_DEFAULT_GROUP = 32
+_KIVI_DEFAULT_RESIDUAL = 128
+
+
+@dataclass(frozen=True)
+class Format:
+    """One storage format for K or V values.
+
+    ``block`` values share ``block_bytes`` bytes (payload and metadata together).
+    ``block == 0`` means the block is one head vector of ``head_dim`` values, so the
+    cost depends on the head size (per-token fp8 scales). ``residual`` recent tokens
+    are kept in ``residual_format`` instead (KIVI's full-precision window).
+    """
+
+    name: str
+    description: str
+    payload_bits: int
+    block: int
+    block_bytes: Fraction
+    scale: str = "none"            # none | tensor | head | token | channel | block | group
+    residual: int = 0
+    residual_format: str = "fp16"
+    per_head_meta_bytes: int = 0   # constant bytes per KV head per layer (static scales)
+    #: which quantizer stores it (kvcost.storage.quant.roundtrip dispatches on it): float | fp8 | ggml | intk |
+    #: kivi | mx | nvfp4 | turboquant
+    family: str = "float"
+    element: str = ""              # the stored element type (ml_dtypes name, or int8/uint4 codes)
+    scale_format: str = ""         # the block / group / token scale's type ("" when none is stored)
+
+    @property
+    def engines(self) -> tuple[tuple[str, str], ...]:
+        """``(engine, engine's name)`` pairs that store this format (vLLM, llama.cpp, SGLang)."""
+        return tuple((e, n) for e, table in ENGINES.items() for n, f in table.items() if f == self.name)
+
+    @property
+    def channel_blocks(self) -> bool:
+        """True when what is stored depends on which channels are neighbours: values share a scale in
+        blocks (or groups) of consecutive channels shorter than a head, or (TurboQuant) K is rotated by a
+        Hadamard matrix in the channels' order. K's channel order matters for these."""
+        return (self.family in ("ggml", "mx", "nvfp4", "turboquant")
+                or (self.family == "intk" and self.scale == "group"))
+
+    def bytes_per_value(self, head_dim: int | None = None) -> Fraction:
+        """Exact amortized bytes per stored value (``head_dim`` only matters for per-token scales and
+        TurboQuant's slots, default 128)."""
+        if self.family == "turboquant":
+            d = 128 if head_dim is None else _positive_int("head_dim", head_dim)
+            return Fraction(turboquant_slot(self.name, d).slot_aligned, 2 * d)
+        if self.block == 0:
+            d = 128 if head_dim is None else _positive_int("head_dim", head_dim)
+            return Fraction(self.payload_bits, 8) + Fraction(_SCALE_BYTES_FP8, d)
+        return Fraction(self.block_bytes) / self.block
+
+    def bits_per_value(self, head_dim: int | None = None) -> float:
+        """Amortized bits per stored value, metadata included (a float)."""
+        return float(8 * self.bytes_per_value(head_dim))
+
+    def row_bytes(self, n_values: int, head_dim: int | None = None) -> Fraction:
+        """Bytes one token's row of ``n_values`` values takes in one layer (K or V alone).
+
+        Block formats are stored whole blocks along the row (llama.cpp quantizes the
+        ``n_kv_heads * head_dim`` row), so a row that is not a multiple of the block
+        is padded up. Group formats (KIVI) are amortized: groups may run along tokens.
+        """
+        n = _nonneg_int("n_values", n_values)
+        if self.family == "turboquant":
+            d = 128 if head_dim is None else _positive_int("head_dim", head_dim)
+            return math.ceil(n / d) * Fraction(turboquant_slot(self.name, d).slot_aligned, 2)
+        if self.block == 0:
+            d = 128 if head_dim is None else _positive_int("head_dim", head_dim)
+            vectors = math.ceil(n / d)
+            return Fraction(n * self.payload_bits, 8) + vectors * _SCALE_BYTES_FP8
+        if self.scale == "block":
+            return math.ceil(n / self.block) * Fraction(self.block_bytes)
+        return n * self.bytes_per_value()
+
+
+@dataclass(frozen=True)
+class TurboQuantSlot:
+    """Bytes of one token's K and V in one KV head under a TurboQuant preset (vLLM's ``TurboQuantConfig``):
+    ``key`` (``key_packed_size``), ``value`` (``value_packed_size``), ``slot`` (their sum) and
+    ``slot_aligned`` (rounded up to even, what a page holds per head and token)."""
+
+    name: str
+    head_dim: int
+    key_bits: int
+    value_bits: int
+    norm_correction: bool
+    key: int
+    value: int
+
+    @property
+    def slot(self) -> int:
+        return self.key + self.value
+
+    @property
+    def slot_aligned(self) -> int:
+        return self.slot + self.slot % 2
+
+
+def turboquant_slot(name: str, head_dim: int = 128) -> TurboQuantSlot:
+    """The :class:`TurboQuantSlot` of preset ``name`` at ``head_dim``: K ``head_dim`` fp8 bytes (k8) or
+    ``ceil(head_dim * bits / 8)`` code bytes + a 2-byte fp16 norm; V ``ceil(head_dim * bits / 8)`` + an fp16
+    scale and zero. At head_dim 128: 196, 134, 118, 102 bytes (PR #38479's table, which reserved a second
+    2-byte norm for the MSE-key presets, reads 196, 136, 120, 104)."""
+    if name not in TURBOQUANT:
+        raise ValueError(f"parameter 'name' must be a TurboQuant preset, one of {list(TURBOQUANT)}, got {name!r}")
+    d = _positive_int("head_dim", head_dim)
+    kb, vb, nc = TURBOQUANT[name]
+    key = d if kb == 8 else math.ceil(d * kb / 8) + _TQ_NORM_BYTES
+    value = math.ceil(d * vb / 8) + _TQ_VALUE_META_BYTES
+    return TurboQuantSlot(name, d, kb, vb, nc, key, value)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _nonneg_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _build(name: str) -> Format:
+    if name == "exact":
+        return Format("exact", "no storage rounding: values kept as computed (float64), the reference", 64, 1,
+                      Fraction(8), family="exact", element="float64")
+    if name in _PLAIN:
+        nbytes, desc = _PLAIN[name]
+        element = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[name]
+        return Format(name, desc, 8 * nbytes, 1, Fraction(nbytes), element=element)
+    if name in GGML_BLOCKS:
+        block, nbytes, bits, layout = GGML_BLOCKS[name]
+        return Format(name, f"llama.cpp {name}: {layout} = {nbytes} bytes per {block} values",
+                      bits, block, Fraction(nbytes), scale="block", family="ggml",
+                      element="int8" if name == "q8_0" else f"uint{bits}", scale_format="float16")
+    if name in BLOCK_FLOATS:
+        block, element, bits, scale_t, scale_bytes, family, desc = BLOCK_FLOATS[name]
+        nbytes = Fraction(block * bits, 8) + scale_bytes
+        return Format(name, f"{desc} = {nbytes} bytes per {block} values", bits, block, nbytes, scale="block",
+                      family=family, element=element, scale_format=scale_t)
+    if name in TURBOQUANT:
+        kb, vb, nc = TURBOQUANT[name]
+        key = "fp8 e4m3 keys" if kb == 8 else (f"{kb}-bit Lloyd-Max codes of Hadamard-rotated unit keys + fp16 norm"
+                                               + (" (norm-corrected)" if nc else ""))
+        return Format(name, f"vLLM TurboQuant: {key}, {vb}-bit uniform values + fp16 scale and zero per head vector; "
+                            f"{turboquant_slot(name).slot_aligned} bytes per token and head (K and V) at head_dim 128",
+                      kb, 0, Fraction(0), scale="token", family="turboquant",
+                      element="float8_e4m3fn" if kb == 8 else f"uint{kb}", scale_format="float16")
+    m = re.fullmatch(r"fp8_(e4m3|e5m2|e4m3fnuz)(?:_(tensor|head|token))?", name)
+    if m:
+        kind, scale = m.group(1), m.group(2) or "tensor"
+        element = _FP8_ELEMENTS[kind]
+        base = f"fp8 {kind.upper()}"             # notebook 01's table prints these descriptions
+        if scale == "tensor":
+            return Format(name, f"{base}, one per-tensor scale (negligible, not counted)", 8, 1,
+                          Fraction(1), scale="tensor", family="fp8", element=element)
+        if scale == "head":
+            return Format(name, f"{base}, one static fp32 scale per KV head per layer", 8, 1,
+                          Fraction(1), scale="head", per_head_meta_bytes=_SCALE_BYTES_FP8, family="fp8",
+                          element=element, scale_format="float32")
+        return Format(name, f"{base}, one fp32 scale per token per KV head", 8, 0,
+                      Fraction(0), scale="token", family="fp8", element=element, scale_format="float32")
+    m = re.fullmatch(r"int(\d+)_(token|channel)", name)
+    if m:
+        bits, axis = int(m.group(1)), m.group(2)
+        if not 2 <= bits <= 16:
+            raise ValueError(f"format {name!r}: bits must be between 2 and 16, got {bits}")
+        if axis == "token":
+            return Format(name, f"int{bits} symmetric, one fp32 scale per token per KV head", bits, 0,
+                          Fraction(0), scale="token", family="intk", element=f"int{bits}", scale_format="float32")
+        return Format(name, f"int{bits} symmetric, one fp32 scale per channel per KV head for the whole "
+                            "sequence (constant, not counted per token)", bits, 1, Fraction(bits, 8),
+                      scale="channel", family="intk", element=f"int{bits}", scale_format="float32")
+    m = re.fullmatch(r"int(\d+)_g(\d+)", name)
+    if m:
+        bits, group = int(m.group(1)), int(m.group(2))
+        _check_int_k(name, bits, group)
+        return Format(name, f"int{bits} asymmetric, fp16 scale + fp16 zero per {group} values",
+                      bits, group, Fraction(group * bits, 8) + _GROUP_META_BYTES, scale="group", family="intk",
+                      element=f"uint{bits}", scale_format="float16")
+    m = re.fullmatch(r"kivi(\d+)(?:_g(\d+))?(?:_r(\d+))?", name)
+    if m:
+        bits = int(m.group(1))
+        group = int(m.group(2)) if m.group(2) else _KIVI_DEFAULT_GROUP
+        residual = int(m.group(3)) if m.group(3) else _KIVI_DEFAULT_RESIDUAL
+        _check_int_k(name, bits, group)
+        return Format(name, f"KIVI int{bits}, groups of {group} (fp16 scale + zero), "
+                            f"last {residual} tokens in fp16",
+                      bits, group, Fraction(group * bits, 8) + _GROUP_META_BYTES, scale="group",
+                      residual=residual, family="kivi", element=f"uint{bits}", scale_format="float16")
+    raise ValueError(f"unknown format {name!r}; known: {names()} "
+                     "(plus int{k}_token, int{k}_channel, int{k}_g{g}, kivi{k}[_g{g}][_r{R}], "
+                     "fp8_e4m3_head/_token, fp8_e5m2_head/_token, fp8_e4m3fnuz_head/_token)")
+
+
+def _check_int_k(name: str, bits: int, group: int) -> None:
+    if not 1 <= bits <= 8:
+        raise ValueError(f"format {name!r}: bits must be between 1 and 8, got {bits}")
+    if group < 1:
+        raise ValueError(f"format {name!r}: group size must be >= 1, got {group}")
+
+
+_CACHE: dict[str, Format] = {}
+
+
+def get(fmt: str | Format) -> Format:
+    """The :class:`Format` for a name (case-insensitive, aliases accepted); ValueError if unknown."""
+    if isinstance(fmt, Format):
+        return fmt
+    if not isinstance(fmt, str):
+        raise ValueError(f"format must be a name string, got {fmt!r}")
+    key = fmt.strip().lower()
+    if key in _AMBIGUOUS:
+        raise ValueError(_AMBIGUOUS[key])
+    key = _ALIASES.get(key, key)
+    if key not in _CACHE:
+        _CACHE[key] = _build(key)
+    return _CACHE[key]
+
+
+def names() -> list[str]:
+    """The fixed format names of the 2024 set, in notebook 01's table order (parametrized families are
+    described in the module docstring; :func:`all_names` adds the 2026 engines' formats)."""
+    return [*_PLAIN, "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_head", "fp8_e5m2_head",
+            "fp8_e4m3_token", "fp8_e5m2_token", *GGML_BLOCKS, "int4_g32", "int2_g32",
+            "kivi4", "kivi2"]
+
+
+#: The formats 2026 engines ship beyond :func:`names` (issue 23), by their kvcost names.
+NAMES_2026 = ("fp8_e4m3fnuz", *BLOCK_FLOATS, "int8_token", "int4_token", *TURBOQUANT)
+
+
+def all_names() -> list[str]:
+    """Every fixed name: :func:`names` and then :data:`NAMES_2026` (the registry tests iterate over it)."""
+    return [*names(), *(n for n in NAMES_2026 if n not in names())]
+
+
+def engine_name(fmt: str | Format, engine: str) -> str | None:
+    """The name ``engine`` (``"vllm"``, ``"llama.cpp"``, ``"sglang"``) gives format ``fmt``, or None."""
+    table = _engine_table(engine)
+    name = get(fmt).name
+    return next((n for n, f in table.items() if f == name), None)
+
+
+def from_engine(name: str, engine: str) -> Format:
+    """The :class:`Format` an engine's cache-dtype name stands for; ValueError naming the engine's choices."""
+    table = _engine_table(engine)
+    if not isinstance(name, str) or name not in table:
+        raise ValueError(f"parameter 'name': {engine} has no KV cache dtype {name!r}; known: {sorted(table)}")
+    return get(table[name])
+
+
+def _engine_table(engine: str) -> dict[str, str]:
+    if engine not in ENGINES:
+        raise ValueError(f"parameter 'engine' must be one of {sorted(ENGINES)}, got {engine!r}")
+    return ENGINES[engine]
+
+
+def bytes_per_value(fmt: str | Format, head_dim: int | None = None) -> Fraction:
+    """Exact amortized bytes per value of ``fmt`` (e.g. ``q8_0`` -> 17/16, ``bf16`` -> 2)."""
+    return get(fmt).bytes_per_value(head_dim)
+
+
+def bits_per_value(fmt: str | Format, head_dim: int | None = None) -> float:
+    """True bits per value of ``fmt`` with all metadata amortized (``q4_0`` -> 4.5, ``kivi2`` -> 3.0).
+
+    ``head_dim`` matters only for per-token-scaled fp8 (default 128). KIVI's fp16 residual
+    window is a per-sequence cost, not a per-value one; :func:`kvcost.models.footprint.cache_bytes`
+    counts it.
+    """
+    return get(fmt).bits_per_value(head_dim)
+
+
+def row_bytes(fmt: str | Format, n_values: int, head_dim: int | None = None) -> Fraction:
+    """Bytes of one token's K (or V) row of ``n_values`` values in one layer."""
+    return get(fmt).row_bytes(n_values, head_dim)
+
+
+def fixed_bytes(fmt: str | Format, kv_heads: int) -> int:
+    """Constant (context-independent) metadata bytes per layer for K or V: static per-head scales."""
+    return get(fmt).per_head_meta_bytes * _positive_int("kv_heads", kv_heads)
+
+
+def describe(fmt: str | Format) -> dict[str, object]:
+    """Name, description, exact bytes per value (as text) and bits per value, for tables."""
+    f = get(fmt)
+    bpv = f.bytes_per_value()
+    return {"format": f.name, "description": f.description, "bytes_per_value": str(bpv),
+            "bits_per_value": float(8 * bpv), "residual_tokens": f.residual}
+
+
+def describe_full(fmt: str | Format, head_dim: int | None = None) -> dict[str, object]:
+    """:func:`describe` plus the element and scale types, the quantizer family and the engine names."""
+    f = get(fmt)
+    d = describe(f)
+    d.update(bits_per_value=f.bits_per_value(head_dim), element=f.element, scale_format=f.scale_format,
+             family=f.family, block=f.block, engines={e: n for e, n in f.engines})
+    return d
