@@ -41,8 +41,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..floats import FloatFormat, parse_format, round_pair, round_to
-from ._jit import (
+from kvcost.floats import FloatFormat, parse_format, round_pair, round_to
+from kvcost.numerics._jit import (
     FP32_EMIN,
     FP32_MAN,
     FP32_MAX,
@@ -58,7 +58,7 @@ from ._jit import (
     lead2,
     round_nb,
 )
-from .instructions import OPERAND_TYPES, SCALE_TYPES, Unit, get
+from kvcost.numerics.instructions import OPERAND_TYPES, SCALE_TYPES, Unit, get
 
 __all__ = ["FRAC_BITS", "K_FP8", "OUTS", "ROUNDINGS", "dot", "dot_reference", "matmul", "matmul_unit", "mma",
            "operand_values", "out_args", "register_format"]
