@@ -1,7 +1,8 @@
 """Provenance of committed results: file digests, package versions, the git commit.
 
-Every heavy run whose results are committed as data (scripts/*.py) records these beside its
-table, so a reader can tell what produced it and a notebook can refuse a table that changed.
+Every heavy run whose results are committed as data (``kvcost.runs``, started by ``scripts/*.py``)
+records these beside its table through :func:`write_run`, so a reader can tell what produced it and a
+notebook can refuse a table that changed.
 
 Every committed data table (``data/**/*.csv``, ``*.npz``) has its sha256 recorded in a JSON file
 beside it, in that file's ``"sha256": {file name: digest}`` mapping: the table's own provenance
@@ -14,21 +15,23 @@ deliberate hand edit, ``python -m kvcost.provenance record data/<file>`` does.
 from __future__ import annotations
 
 import csv
+import datetime
 import hashlib
 import json
 import os
 import platform
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from kvcost.paths import data_dir, repo_root
 
 __all__ = ["sha256", "versions", "git_commit", "finished_keys", "appending", "checked", "recorded", "record",
-           "is_committed", "DIGESTS_FILE"]
+           "write_run", "is_committed", "DIGESTS_FILE"]
 
 DIGESTS_FILE = "provenance.json"   # a folder's record for tables without a provenance file of their own
 _MAX_JSON = 1 << 20                # a provenance file is small: larger JSON files are not read for digests
@@ -75,6 +78,14 @@ def _records(path: Path) -> list[Path]:
     first = [folder / f"{path.stem}.json", folder / DIGESTS_FILE]
     rest = sorted(p for p in folder.glob("*.json") if p not in first)
     return [p for p in [*first, *rest] if p.is_file() and p != path and p.stat().st_size <= _MAX_JSON]
+
+
+def _write_json(target: Path, data: Mapping[str, Any], ensure_ascii: bool = True) -> None:
+    """``data`` as provenance files are laid out (sorted keys, one-space indent, a final newline), replacing
+    ``target`` atomically."""
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=ensure_ascii) + "\n", encoding="utf-8")
+    os.replace(tmp, target)
 
 
 def _load_json(path: Path) -> dict:
@@ -138,10 +149,48 @@ def record(path: str | Path, meta: str | Path | None = None) -> Path:
         raise ValueError(f"{_rel(target)}: not a JSON object, cannot record a sha256 in it")
     digests = data.setdefault("sha256", {})
     digests[path.name] = sha256(path)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=text.isascii()) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    _write_json(target, data, ensure_ascii=text.isascii())
     return target
+
+
+def write_run(out_json: str | Path, *, command: str | None, outputs: Iterable[str | Path] = (),
+              inputs: Mapping[str, str | Path] | None = None, versions: Mapping[str, str] | None = None,
+              note: Mapping[str, Any] | None = None, git: bool = False, cpus: bool = False,
+              started: bool = False) -> Path:
+    """Write a run's provenance, ``out_json``, the one way every job in :mod:`kvcost.runs` does; returns it.
+
+    The JSON object holds ``note``'s entries (the run's own: parameters, model digests, row counts …), then,
+    each replacing an entry of ``note`` by the same name: ``"command"`` (unless None), the UTC date as
+    ``YYYY-MM-DD`` (under ``"date"``, or ``"started"`` for a resumable run), ``"versions"`` (when given),
+    ``"git_commit"`` (``git``), ``"cpus"`` (``cpus``: ``os.cpu_count()``), ``"inputs"`` (``{name: sha256 of
+    path}`` for each of ``inputs``) and ``"sha256"`` (``{file name: digest}`` of each of ``outputs``: what
+    :func:`checked` reads). Sorted keys, one-space indent, replaced atomically (as :func:`record` writes).
+
+    ``started``: the record of a resumable run that appends to its table (:func:`appending` records the
+    table's digest in it row by row): written only when ``out_json`` does not exist yet, so a resumed run
+    keeps the command and date that started the table.
+    """
+    out_json = Path(out_json)
+    if started and out_json.is_file():
+        return out_json
+    data: dict[str, Any] = dict(note or {})
+    if command is not None:
+        data["command"] = command
+    data["started" if started else "date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    if versions is not None:
+        data["versions"] = dict(versions)
+    if git:
+        data["git_commit"] = git_commit()
+    if cpus:
+        data["cpus"] = os.cpu_count()
+    if inputs is not None:
+        data["inputs"] = {name: sha256(path) for name, path in inputs.items()}
+    outputs = [Path(p) for p in outputs]
+    if outputs:
+        data["sha256"] = {p.name: sha256(p) for p in outputs}
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(out_json, data)
+    return out_json
 
 
 def versions(packages: Sequence[str] = ("numpy", "pandas", "ml_dtypes", "numba", "kvcost"),
