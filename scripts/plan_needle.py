@@ -1,83 +1,15 @@
+#!/usr/bin/env python3
 """Measure notebook 09's needle once at full scale and commit it as data (data/plan_needle/).
 
-    nice -n 10 .venv/bin/python scripts/plan_needle.py            # the committed run (defaults)
-
-Runs :func:`kvcost.experiments.plan.needle_by_format` for every context, K/V format and trial, in
-chunks of trials appended to ``needle.partial.csv`` (an interrupted run resumes where it stopped),
-then writes ``needle.csv`` (sorted) and ``provenance.json``: the command, the date, package versions,
-the git commit, the parameters, the run time and the sha256 of ``needle.csv`` and of its input
-(``data/real_kv/minilm_l6_kv.npz``). Notebook 09 reads the result through
-:func:`kvcost.experiments.plan.committed_needle`, which checks that sha256, and recomputes a slice live.
+An entry point: the job is ``kvcost.runs.plan_needle``
+(``python -m kvcost.runs.plan_needle --help``), with the same flags, defaults and output.
 """
-from __future__ import annotations
-
-import argparse
-import datetime
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
-import pandas as pd
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a checkout without `make setup`
 
-from kvcost import provenance
-from kvcost.experiments import plan as plan_exp
-
-ROOT = Path(__file__).resolve().parents[1]
-REAL_KV = ROOT / "data" / "real_kv" / "minilm_l6_kv.npz"
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768, 131072])
-    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp8_e4m3", "q8_0", "q4_0", "q8_0/q4_0"])
-    ap.add_argument("--trials", type=int, default=200)
-    ap.add_argument("--needle-weight", type=float, default=0.1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--chunk", type=int, default=20, help="trials per appended chunk")
-    ap.add_argument("--out", type=Path, default=ROOT / "data" / "plan_needle")
-    args = ap.parse_args(argv)
-    if args.trials < 1 or args.chunk < 1:
-        ap.error("--trials and --chunk must be positive")
-    args.out.mkdir(parents=True, exist_ok=True)
-    partial = args.out / "needle.partial.csv"
-    done = pd.read_csv(partial) if partial.is_file() else pd.DataFrame(columns=["n_tokens", "trial"])
-    t0 = time.time()
-    for n in args.contexts:
-        have = set(done.trial[done.n_tokens == n]) if len(done) else set()
-        for first in range(0, args.trials, args.chunk):
-            count = min(args.chunk, args.trials - first)
-            if set(range(first, first + count)) <= have:
-                continue
-            df = plan_exp.needle_by_format([n], args.dtypes, trials=count, needle_weight=args.needle_weight,
-                                           seed=args.seed, first_trial=first)
-            df.to_csv(partial, mode="a", header=not partial.is_file(), index=False)
-            print(f"{n:>8,} tokens, trials {first}-{first + count - 1}: {time.time() - t0:.0f} s", flush=True)
-    full = pd.read_csv(partial).drop_duplicates(["n_tokens", "trial", "storage"])
-    order = {s: i for i, s in enumerate(dict.fromkeys(full.storage))}
-    full = full.sort_values(["n_tokens", "trial", "storage"], key=lambda c: c.map(order) if c.name == "storage" else c)
-    full = full[full.n_tokens.isin(args.contexts) & (full.trial < args.trials)]
-    csv_path = args.out / "needle.csv"
-    full.to_csv(csv_path, index=False)
-    partial.unlink()
-    prov = {
-        "command": "nice -n 10 .venv/bin/python scripts/plan_needle.py " + " ".join(
-            argv if argv is not None else sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-        "git_commit": provenance.git_commit(), "cpus": os.cpu_count(),
-        "versions": provenance.versions(("numpy", "pandas", "ml_dtypes", "kvcost")),
-        "parameters": {"contexts": args.contexts, "dtypes": args.dtypes, "trials": args.trials,
-                       "needle_weight": args.needle_weight, "seed": args.seed, "head_dim": 64},
-        "rows": len(full), "run_seconds_this_session": round(time.time() - t0),
-        "needle_csv_sha256": provenance.sha256(csv_path),
-        "sha256": {"needle.csv": provenance.sha256(csv_path)},   # what kvcost.provenance.checked reads
-        "input": {"path": str(REAL_KV.relative_to(ROOT)), "sha256": provenance.sha256(REAL_KV)},
-    }
-    (args.out / "provenance.json").write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {csv_path} ({len(full)} rows) and provenance.json")
-    return 0
-
+from kvcost.runs.plan_needle import main, parse_args  # noqa: F401 (a sweep checks flags with parse_args)
 
 if __name__ == "__main__":
     raise SystemExit(main())
