@@ -1,0 +1,50 @@
+"""Write the README's "Which KV dtype for which context" table from the planner.
+
+    .venv/bin/python scripts/plan_readme_table.py            # rewrite the table in README.md
+    .venv/bin/python scripts/plan_readme_table.py --check    # exit 1 if README.md's table is stale
+    python -m kvcost.runs.plan_readme_table --check          # the same tool
+
+The table is :func:`kvcost.experiments.plan.readme_table`: one H100 SXM, each format counted by the engine
+that runs it (vLLM for bf16/fp8, llama.cpp for f16 and its block types). It replaces the lines between
+``<!-- plan-table:start -->`` and ``<!-- plan-table:end -->``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvcost.experiments import plan as plan_exp
+from kvcost.paths import repo_root
+
+README = repo_root() / "README.md"
+START, END = "<!-- plan-table:start -->", "<!-- plan-table:end -->"
+
+
+def render(text: str) -> str:
+    """``text`` (the README) with the table between the markers replaced by the planner's."""
+    if START not in text or END not in text:
+        raise SystemExit(f"error: README.md lacks the markers {START} and {END}")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{plan_exp.readme_table()}\n{END}{tail}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The checked command line."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 when README.md's table is not the planner's")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    text = README.read_text(encoding="utf-8")
+    new = render(text)
+    if args.check:
+        return 0 if new == text else 1
+    README.write_text(new, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
