@@ -1,0 +1,53 @@
+"""Write the long English text the real-decoder runs read: data/text/pride_and_prejudice.txt.
+
+    apt-get download r-cran-janeaustenr && dpkg-deb -x r-cran-janeaustenr_1.0.0-1_all.deb deb
+    python scripts/real_model_text.py deb/usr/lib/R/site-library/janeaustenr/data/Rdata
+    python -m kvcost.runs.real_model_text deb/usr/lib/R/site-library/janeaustenr/data/Rdata   # the same job
+
+Jane Austen, *Pride and Prejudice* (1813, public domain), title to mid chapter 11: the first
+``LINES`` lines of the ``prideprejudice`` character vector in the Debian package
+``r-cran-janeaustenr`` 1.0.0-1 (the CRAN package janeaustenr, MIT; texts from Project
+Gutenberg), joined with newlines. R's lazy-load data base is read without R, by the reader in
+:mod:`kvcost.runs.extract_real_kv` (:func:`~kvcost.runs.extract_real_kv.read_novel`). The job stops
+when the digest differs from the recorded one.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvcost.paths import repo_root
+from kvcost.provenance import sha256
+from kvcost.runs.extract_real_kv import read_novel
+
+ROOT = repo_root()
+OUT = ROOT / "data" / "text" / "pride_and_prejudice.txt"
+NOVEL = "prideprejudice"
+LINES = 2000
+TEXT_SHA256 = "af15c200f75ddd6a19305791a3eb816cd52e2f70b7318f33d72cd8d9f74eaa7c"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The checked command line: one positional, the data base's path without ``.rdb`` / ``.rdx``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 usage="real_model_text.py PATH/TO/janeaustenr/data/Rdata")
+    ap.add_argument("rdata", metavar="PATH/TO/janeaustenr/data/Rdata",
+                    help="janeaustenr's lazy-load data base (the path of Rdata.rdb and Rdata.rdx, without suffix)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    rdata = parse_args(argv).rdata
+    lines = read_novel(rdata, NOVEL)
+    text = "\n".join(lines[:LINES]).rstrip("\n") + "\n"
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(text, encoding="utf-8")
+    digest = sha256(OUT)
+    print(f"wrote {OUT.relative_to(ROOT)}: {LINES} lines, {len(text)} characters, sha256 {digest}")
+    if TEXT_SHA256 and digest != TEXT_SHA256:
+        sys.exit(f"text digest differs from the recorded {TEXT_SHA256}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
