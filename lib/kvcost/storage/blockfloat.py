@@ -1,11 +1,13 @@
-"""Block-scaled float caches of 2026 engines, store then load: OCP MX (MXFP4, MXFP8, SGLang's
-``fp4_mx_block16``), NVIDIA's NVFP4 (and vLLM's ``nvfp4_4over6``), and fp8 e4m3fnuz (MI300).
+"""Block-scaled float caches of 2026 engines, store then load: OCP MX (MXFP4, MXFP8), SGLang's
+``fp4_mx_block16`` (MX-style blocks of 16 with SGLang's own scale and rounding rule, ``recipe="sglang"``),
+NVIDIA's NVFP4 (and vLLM's ``nvfp4_4over6``), and fp8 e4m3fnuz (MI300).
 
 Blocks run along the last axis (a head's channels). Arithmetic is float32, as the engines' kernels
 and the reference code do: the input is rounded to float32 first, the quotient x / scale is formed
 in float32 and rounded once into the element type by ml_dtypes' own cast (``float4_e2m1fn``,
 ``float8_e4m3fn``, ``float8_e4m3fnuz``: float32 -> element, nearest even), after saturating to the
-element's largest finite value. (ml_dtypes casts float64 through float32, a double rounding: never
+element's largest finite value (SGLang's ``fp4_mx_block16`` rounds ties away from zero and never saturates:
+:func:`mx_quantize`'s ``recipe="sglang"``). (ml_dtypes casts float64 through float32, a double rounding: never
 fed float64 here.) Sources and the reference implementations the tests hold these to:
 ``data/storage_formats.md``.
 """
@@ -17,7 +19,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = [
-    "ELEMENTS", "E8M0_BIAS", "MXBlocks", "NVFP4Blocks", "NVFP4_RECIPES", "cast_element", "mx_dequantize",
+    "ELEMENTS", "E8M0_BIAS", "MX_RECIPES", "MXBlocks", "NVFP4Blocks", "NVFP4_RECIPES", "cast_element", "mx_dequantize",
     "mx_quantize", "mx_roundtrip", "nvfp4_dequantize", "nvfp4_quantize", "nvfp4_roundtrip",
     "scaled_fp8_roundtrip",
 ]
@@ -34,6 +36,10 @@ E8M0_BIAS = 127
 _E4M3_MAX = _F32(448.0)
 _E2M1_MAX = _F32(6.0)
 _E4M3_TINY = _F32(2.0 ** -6)          # torch.finfo(float8_e4m3fn).tiny: torchao's floor for NVFP4 block scales
+#: How an MX block's scale and elements are computed (see :func:`mx_quantize`): OCP MX v1.0, or SGLang's
+#: ``fp4_mx_block16`` (sgl-project/sglang kvfp4_tensor.py, data/storage_formats.md).
+MX_RECIPES = ("ocp", "sglang")
+_SGLANG_AMAX_FLOOR = _F32(1e-10)      # SGLang clamps max|x| / 6 to at least 1e-10 before the log2
 #: How the NVFP4 scales are computed (see :func:`nvfp4_quantize`).
 NVFP4_RECIPES = ("torchao", "compressed-tensors")
 
@@ -89,20 +95,61 @@ class MXBlocks:
         return self.scale.view(ml_dtypes.float8_e8m0fnu)
 
 
-def mx_quantize(x: np.ndarray, element: str = "float4_e2m1fn", block: int = 32) -> MXBlocks:
-    """OCP MX v1.0 (section 6.3): per ``block`` values along the last axis, the shared scale is
-    ``X = 2^(floor(log2(max|x|)) - emax_elem)`` (emax_elem 2 for E2M1, 8 for E4M3), clamped to E8M0's
-    range 2^-127 .. 2^127; each element ``x / X`` is rounded to nearest even in ``element`` and
-    saturated to its largest finite value. An all-zero block stays zero (its scale is 2^-127)."""
-    _, _, emax = _element(element)
+def mx_quantize(x: np.ndarray, element: str = "float4_e2m1fn", block: int = 32, *,
+                recipe: str = "ocp") -> MXBlocks:
+    """MX blocks along the last axis: per ``block`` values one power-of-two scale, stored as a biased
+    E8M0 exponent, and the elements ``x / scale`` in ``element``.
+
+    ``recipe="ocp"`` is OCP MX v1.0 (section 6.3): the shared scale is ``X = 2^(floor(log2(max|x|)) -
+    emax_elem)`` (emax_elem 2 for E2M1, 8 for E4M3), clamped to E8M0's range 2^-127 .. 2^127; each element
+    ``x / X`` is rounded to nearest even in ``element`` and saturated to its largest finite value. An
+    all-zero block stays zero (its scale is 2^-127). ``mxfp4`` and ``mxfp8`` are this rule.
+
+    ``recipe="sglang"`` is SGLang's ``fp4_mx_block16`` (``FP4MXBlock16KVQuantizeUtil.batched_quantize`` in
+    sgl-project/sglang ``python/sglang/srt/layers/quantization/kvfp4_tensor.py`` at commit 0dae407b; E2M1
+    only): the exponent is ``e = ceil(log2(max(max|x| / 6, 1e-10)))``, computed in float32 as SGLang does for
+    a float32 cache (``/``, ``log2`` and ``ceil`` on float32 values), stored as ``e + 127``; each element
+    ``x / 2^e`` (so none exceeds 6 by more than a rounding, and nothing is clipped) takes the E2M1 code that
+    counts the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 it reaches (``>=``): nearest, **ties away from
+    zero**. An all-zero block gets exponent ceil(log2(1e-10)) = -33 and stays zero. (SGLang runs the
+    arithmetic in the cache's dtype; for a bf16 cache ``max|x| / 6`` is rounded to bf16 first, which moves
+    the exponent only where that rounding crosses a power of two.)
+    """
+    if recipe not in MX_RECIPES:
+        raise ValueError(f"parameter 'recipe' must be one of {list(MX_RECIPES)}, got {recipe!r}")
+    _, top, emax = _element(element)
+    if recipe == "sglang" and element != "float4_e2m1fn":
+        raise ValueError(f"parameter 'element': SGLang's MX-style recipe (fp4_mx_block16) stores E2M1 "
+                         f"('float4_e2m1fn') only, got {element!r}")
     xb, shape = _blocks(x, _check_block(block), f"MX blocks of {block}")
     amax = np.abs(xb).max(axis=-1)
+    if recipe == "sglang":
+        with np.errstate(divide="ignore"):
+            e = np.ceil(np.log2(np.maximum((amax / _F32(top)).astype(_F32), _SGLANG_AMAX_FLOOR)))
+        shared = e.astype(np.int32)
+        with np.errstate(under="ignore"):
+            q = _e2m1_ties_away(np.ldexp(xb, -shared[..., None]).astype(_F32))
+        return MXBlocks(element, tuple(shape), (shared + E8M0_BIAS).astype(np.uint8), q)
     _, e2 = np.frexp(amax)                                   # amax = m * 2^e2, m in [0.5, 1): floor(log2) = e2 - 1
     shared = np.where(amax > 0, e2.astype(np.int32) - 1 - emax, -E8M0_BIAS)
     shared = np.clip(shared, -E8M0_BIAS, E8M0_BIAS)
     with np.errstate(under="ignore"):
         q = cast_element(np.ldexp(xb, -shared[..., None]).astype(_F32), element)
     return MXBlocks(element, tuple(shape), (shared + E8M0_BIAS).astype(np.uint8), q)
+
+
+#: E2M1's non-negative values in code order (ml_dtypes ``float4_e2m1fn`` codes 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6)
+#: and the midpoints between neighbours (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5), both exact in float32.
+_E2M1_VALUES = np.arange(8, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(_F32)
+_E2M1_MIDPOINTS = ((_E2M1_VALUES[:-1] + _E2M1_VALUES[1:]) / _F32(2)).astype(_F32)
+
+
+def _e2m1_ties_away(s: np.ndarray) -> np.ndarray:
+    """float32 ``s`` to E2M1 values: the code is the number of midpoints ``|s|`` reaches (so a tie goes to the
+    larger magnitude, away from zero), magnitudes past 5 are 6 (no clipping needed); the sign bit is
+    ``s < 0``, as SGLang sets it (a negative value that rounds to zero reads -0, an input -0 reads +0)."""
+    mag = _E2M1_VALUES[np.searchsorted(_E2M1_MIDPOINTS, np.abs(s), side="right")]    # count of midpoints <= |s|
+    return np.where(s < 0, -mag, mag).astype(_F32)
 
 
 def mx_dequantize(blocks: MXBlocks) -> np.ndarray:
@@ -112,11 +159,13 @@ def mx_dequantize(blocks: MXBlocks) -> np.ndarray:
         return np.ldexp(blocks.q, e[..., None]).astype(_F32).reshape(blocks.shape)
 
 
-def mx_roundtrip(x: np.ndarray, element: str = "float4_e2m1fn", block: int = 32) -> np.ndarray:
+def mx_roundtrip(x: np.ndarray, element: str = "float4_e2m1fn", block: int = 32, *,
+                 recipe: str = "ocp") -> np.ndarray:
     """Store ``x`` in an MX format and load it back (float32, ``x``'s shape): ``mxfp4`` is
-    ``("float4_e2m1fn", 32)``, ``mxfp8`` ``("float8_e4m3fn", 32)``, SGLang's ``fp4_mx_block16``
-    ``("float4_e2m1fn", 16)``."""
-    return mx_dequantize(mx_quantize(x, element, block))
+    ``("float4_e2m1fn", 32)``, ``mxfp8`` ``("float8_e4m3fn", 32)`` (both ``recipe="ocp"``), SGLang's
+    ``fp4_mx_block16`` ``("float4_e2m1fn", 16, recipe="sglang")``. The read-back is ``q * 2^(byte - 127)``
+    for both recipes (SGLang's ``batched_dequantize``, then cast to bf16: exact for these values)."""
+    return mx_dequantize(mx_quantize(x, element, block, recipe=recipe))
 
 
 # ------------------------------------------------------------------ NVFP4

@@ -35,20 +35,25 @@ Names understood by :func:`get`:
 ``nvfp4``,                 E2M1 values and a UE4M3 (e4m3fn) scale per 16 values, plus one
 ``nvfp4_4over6``           fp32 tensor scale (not counted): hd/2 + hd/16 bytes per head
 ``mxfp4``,                 OCP MX v1.0: E2M1 elements, an E8M0 scale per 32 values (4.25
-``fp4_mx_block16``,        bits); SGLang's E2M1 with an E8M0 scale per 16 (4.5 bits); E4M3
-``mxfp8``                  elements and an E8M0 scale per 32 (8.25 bits)
+``mxfp8``                  bits); E4M3 elements and an E8M0 scale per 32 (8.25 bits)
+``fp4_mx_block16``         SGLang's MX-style E2M1 blocks of 16 (4.5 bits): one biased exponent
+                           byte per block, 2^ceil(log2(max/6)), elements rounded to nearest
+                           with ties away from zero and never clipped (not the OCP rule)
 ``turboquant_k8v4``,       vLLM's TurboQuant presets: K as fp8 e4m3 (k8) or Lloyd-Max codes of
 ``turboquant_4bit_nc``,    the Hadamard-rotated unit vector plus an fp16 norm (4 / 3 bits,
 ``turboquant_k3v4_nc``,    ``_nc``: the codes' vector re-normalized on read), V as asymmetric
 ``turboquant_3bit_nc``     uniform 4 / 3-bit codes with an fp16 scale and zero per head vector; K
                            and V share one slot per token and head, whose bytes
                            (:func:`turboquant_slot`) are split evenly between K and V here
+``fp8_ds_mla``,            vLLM's per-token records of DeepSeek's 576-value MLA latent (656
+``nvfp4_ds_mla``           and 352 bytes, :data:`MLA_RECORDS`): MLA layers only, no round trip
 =========================  ==========================================================
 
 Engine spellings (vLLM ``--kv-cache-dtype``, llama.cpp ``-ctk``/``-ctv``, SGLang
 ``--kv-cache-dtype``) are each format's :attr:`Format.engines`; :func:`engine_name` and
 :func:`from_engine` translate both ways, and :func:`get` accepts the unambiguous ones
-(``float16``, ``fp8_per_token_head``, ``int8_per_token_head``, ...). Sources of every layout:
+(``float16``, ``fp8_per_token_head``, ``int8_per_token_head``, ...); a name an engine has but
+refuses (SGLang's ``fp4_e2m1``, :data:`ENGINE_REFUSED`) is an error in the engine's words. Sources of every layout:
 ``data/storage_formats.md`` and ``data/ggml_formats.md``.
 
 This module imports only the standard library so ``python -m kvcost`` stays fast.
@@ -63,7 +68,7 @@ from fractions import Fraction
 __all__ = [
     "Format", "get", "names", "all_names", "bytes_per_value", "bits_per_value", "row_bytes",
     "fixed_bytes", "describe", "describe_full", "engine_name", "from_engine", "ENGINES", "GGML_BLOCKS", "BLOCK_FLOATS",
-    "NAMES_2026", "TURBOQUANT", "TurboQuantSlot", "turboquant_slot",
+    "NAMES_2026", "TURBOQUANT", "TurboQuantSlot", "turboquant_slot", "MLA_RECORDS", "ENGINE_REFUSED",
 ]
 
 #: llama.cpp block formats usable for the KV cache (ggml-common.h block structs):
@@ -78,17 +83,23 @@ GGML_BLOCKS: dict[str, tuple[int, int, int, str]] = {
 }
 
 #: Block-scaled float formats (data/storage_formats.md): name -> (values per block, element type,
-#: element bits, block-scale type, scale bytes per block, family, description). Element and scale
-#: types are ml_dtypes names; ``nvfp4`` also keeps one fp32 scale per tensor, not counted.
-BLOCK_FLOATS: dict[str, tuple[int, str, int, str, int, str, str]] = {
-    "nvfp4": (16, "float4_e2m1fn", 4, "float8_e4m3fn", 1, "nvfp4",
+#: element bits, block-scale type, scale bytes per block, family, recipe, description). Element and scale
+#: types are ml_dtypes names; ``nvfp4`` also keeps one fp32 scale per tensor, not counted. The recipe is how
+#: the quantizer (kvcost.storage.blockfloat) computes the block scale and rounds the elements: ``ocp`` (OCP MX
+#: v1.0), ``sglang`` (SGLang's fp4_mx_block16: ceil(log2(max/6)) exponent, ties away from zero, no
+#: saturation), ``""`` for NVFP4 (its own recipes).
+BLOCK_FLOATS: dict[str, tuple[int, str, int, str, int, str, str, str]] = {
+    "nvfp4": (16, "float4_e2m1fn", 4, "float8_e4m3fn", 1, "nvfp4", "",
               "NVFP4: E2M1 values, a UE4M3 scale per 16, an fp32 tensor scale (not counted)"),
-    "nvfp4_4over6": (16, "float4_e2m1fn", 4, "float8_e4m3fn", 1, "nvfp4",
+    "nvfp4_4over6": (16, "float4_e2m1fn", 4, "float8_e4m3fn", 1, "nvfp4", "",
                      "NVFP4 whose block scale is max/6 or max/4, the one with the smaller squared error"),
-    "mxfp4": (32, "float4_e2m1fn", 4, "float8_e8m0fnu", 1, "mx", "OCP MXFP4: E2M1 values, an E8M0 scale per 32"),
-    "fp4_mx_block16": (16, "float4_e2m1fn", 4, "float8_e8m0fnu", 1, "mx",
-                       "SGLang fp4_mx_block16: E2M1 values, an E8M0 scale per 16"),
-    "mxfp8": (32, "float8_e4m3fn", 8, "float8_e8m0fnu", 1, "mx", "OCP MXFP8: E4M3 values, an E8M0 scale per 32"),
+    "mxfp4": (32, "float4_e2m1fn", 4, "float8_e8m0fnu", 1, "mx", "ocp",
+              "OCP MXFP4: E2M1 values, an E8M0 scale per 32"),
+    "fp4_mx_block16": (16, "float4_e2m1fn", 4, "float8_e8m0fnu", 1, "mx", "sglang",
+                       "SGLang fp4_mx_block16: E2M1 values (ties away from zero, never clipped), a biased exponent "
+                       "2^ceil(log2(max/6)) per 16 (E8M0 encoding)"),
+    "mxfp8": (32, "float8_e4m3fn", 8, "float8_e8m0fnu", 1, "mx", "ocp",
+              "OCP MXFP8: E4M3 values, an E8M0 scale per 32"),
 }
 
 #: vLLM's TurboQuant presets (``vllm/model_executor/layers/quantization/turboquant/config.py``, ``TQ_PRESETS``;
@@ -106,20 +117,45 @@ _TQ_VALUE_META_BYTES = 4  # the value's fp16 scale and fp16 zero (its minimum)
 #: The fp8 element types of the ``fp8_*`` names (ml_dtypes spellings).
 _FP8_ELEMENTS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "float8_e4m3fnuz"}
 
+#: vLLM's per-token MLA records for DeepSeek's latent (kv_lora_rank 512 + qk_rope_head_dim 64 = 576 values, one
+#: "head"), data/storage_formats.md: name -> (latent values, bytes per token and layer, the per-value format the
+#: post's naive formula prices it in, layout). ``fp8_ds_mla``: vllm ``flashmla_sparse.py`` at commit 008a0c31 and
+#: ``MLAAttentionSpec.real_page_size_bytes`` at 001cabc1; ``nvfp4_ds_mla`` (SM100 only): ``flashmla_sparse.py`` at
+#: 008a0c31 and ``NVFP4_DS_MLA_ROW_BYTES`` in ``nvfp4_ds_mla_fp8_gather.py`` at 6e0ea942. They size MLA layers
+#: only; they are records, not per-value formats, and have no round trip here.
+MLA_RECORDS: dict[str, tuple[int, int, str, str]] = {
+    "fp8_ds_mla": (576, 656, "fp8_e4m3", "512 fp8 e4m3 NoPE values + 4 fp32 scales (one per 128) + 64 bf16 RoPE "
+                                         "values = 656 bytes per token"),
+    "nvfp4_ds_mla": (576, 352, "nvfp4", "512 E2M1 NoPE values (256 B) + 64 unscaled fp8 e4m3 RoPE values + 32 "
+                                        "e4m3 NoPE scales (one per 16) = 352 bytes per token (SM100 only)"),
+}
+
 #: Engine spellings: engine -> {engine's name: kvcost name}. vLLM ``--kv-cache-dtype``
 #: (vllm/config/cache.py ``CacheDType``), llama.cpp ``-ctk``/``-ctv`` (``kv_cache_types`` in
-#: common/arg.cpp), SGLang ``--kv-cache-dtype``; sources in data/storage_formats.md. ``auto`` (the
-#: model's dtype) is not a format and is left to the engine models.
+#: common/arg.cpp), SGLang ``--kv-cache-dtype`` (sgl-project/sglang python/sglang/srt/server_args.py at commit
+#: 001067ff, ``kv_cache_dtype`` choices); sources in data/storage_formats.md. ``auto`` (the model's dtype) is not
+#: a format and is left to the engine models. SGLang's ``fp8_e4m3`` / ``fp8_e5m2`` are ROCm's fnuz type on HIP
+#: (one name, two element types, as vLLM's ``fp8``): the CUDA meaning is listed.
 ENGINES: dict[str, dict[str, str]] = {
     "vllm": {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
              "fp8_e5m2": "fp8_e5m2", "fp8_per_token_head": "fp8_e4m3_token",
              "int8_per_token_head": "int8_token", "int4_per_token_head": "int4_token",
              "nvfp4": "nvfp4", "nvfp4_4over6": "nvfp4_4over6", "fp8_inc": "fp8_e4m3",
-             **{n: n for n in TURBOQUANT}},
+             **{n: n for n in TURBOQUANT}, **{n: n for n in MLA_RECORDS}},
     "llama.cpp": {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1",
                   "q5_0": "q5_0", "q5_1": "q5_1", "iq4_nl": "iq4_nl"},
     "sglang": {"bf16": "bf16", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2",
                "mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp4_mx_block16": "fp4_mx_block16"},
+}
+
+#: Engine names that exist and map to no format, with why: engine -> {name: the engine's own words}.
+#: SGLang's ``fp4_e2m1`` is still a ``--kv-cache-dtype`` choice (server_args.py at 001067ff) but
+#: ``configure_kv_cache_dtype`` (python/sglang/srt/mem_cache/kv_cache_dtype.py at commit 10a75eae) raises on it.
+ENGINE_REFUSED: dict[str, dict[str, str]] = {
+    "sglang": {"fp4_e2m1": "SGLang refuses it: '--kv-cache-dtype=fp4_e2m1 is deprecated. Use "
+                           "--kv-cache-dtype=fp4_mx_block16.' (configure_kv_cache_dtype, "
+                           "python/sglang/srt/mem_cache/kv_cache_dtype.py at sgl-project/sglang 10a75eae); its "
+                           "replacement is kvcost's fp4_mx_block16"},
 }
 
 _PLAIN: dict[str, tuple[int, str]] = {
@@ -176,10 +212,13 @@ class Format:
     residual_format: str = "fp16"
     per_head_meta_bytes: int = 0   # constant bytes per KV head per layer (static scales)
     #: which quantizer stores it (kvcost.storage.quant.roundtrip dispatches on it): float | fp8 | ggml | intk |
-    #: kivi | mx | nvfp4 | turboquant
+    #: kivi | mx | nvfp4 | turboquant; ``mla_record`` (vLLM's fp8_ds_mla / nvfp4_ds_mla) sizes MLA layers only and
+    #: has no round trip
     family: str = "float"
     element: str = ""              # the stored element type (ml_dtypes name, or int8/uint4 codes)
     scale_format: str = ""         # the block / group / token scale's type ("" when none is stored)
+    #: how the quantizer computes an ``mx`` block (kvcost.storage.blockfloat.MX_RECIPES: ``ocp`` | ``sglang``)
+    recipe: str = ""
 
     @property
     def engines(self) -> tuple[tuple[str, str], ...]:
@@ -292,10 +331,16 @@ def _build(name: str) -> Format:
                       bits, block, Fraction(nbytes), scale="block", family="ggml",
                       element="int8" if name == "q8_0" else f"uint{bits}", scale_format="float16")
     if name in BLOCK_FLOATS:
-        block, element, bits, scale_t, scale_bytes, family, desc = BLOCK_FLOATS[name]
+        block, element, bits, scale_t, scale_bytes, family, recipe, desc = BLOCK_FLOATS[name]
         nbytes = Fraction(block * bits, 8) + scale_bytes
         return Format(name, f"{desc} = {nbytes} bytes per {block} values", bits, block, nbytes, scale="block",
-                      family=family, element=element, scale_format=scale_t)
+                      family=family, element=element, scale_format=scale_t, recipe=recipe)
+    if name in MLA_RECORDS:
+        width, nbytes, _, layout = MLA_RECORDS[name]
+        return Format(name, f"vLLM {name}, an MLA record of DeepSeek's {width}-value latent: {layout}",
+                      4 if name.startswith("nvfp4") else 8, width, Fraction(nbytes), scale="block",
+                      family="mla_record", element="float4_e2m1fn" if name.startswith("nvfp4") else "float8_e4m3fn",
+                      scale_format="float8_e4m3fn" if name.startswith("nvfp4") else "float32")
     if name in TURBOQUANT:
         kb, vb, nc = TURBOQUANT[name]
         key = "fp8 e4m3 keys" if kb == 8 else (f"{kb}-bit Lloyd-Max codes of Hadamard-rotated unit keys + fp16 norm"
@@ -401,8 +446,12 @@ def engine_name(fmt: str | Format, engine: str) -> str | None:
 
 
 def from_engine(name: str, engine: str) -> Format:
-    """The :class:`Format` an engine's cache-dtype name stands for; ValueError naming the engine's choices."""
+    """The :class:`Format` an engine's cache-dtype name stands for; ValueError naming the engine's choices, or,
+    for a name the engine has but refuses (SGLang's ``fp4_e2m1``), saying so in the engine's own words."""
     table = _engine_table(engine)
+    refused = ENGINE_REFUSED.get(engine, {})
+    if isinstance(name, str) and name in refused:
+        raise ValueError(f"parameter 'name': {engine}'s KV cache dtype {name!r} maps to no format: {refused[name]}")
     if not isinstance(name, str) or name not in table:
         raise ValueError(f"parameter 'name': {engine} has no KV cache dtype {name!r}; known: {sorted(table)}")
     return get(table[name])

@@ -377,11 +377,15 @@ def _format_roundtrip(x: np.ndarray, f: formats.Format, role: str) -> np.ndarray
     if fam == "kivi":
         return _kivi_one(x, f, role)
     if fam == "mx":
-        return blockfloat.mx_roundtrip(x, f.element, f.block)
+        return blockfloat.mx_roundtrip(x, f.element, f.block, recipe=f.recipe)
     if fam == "nvfp4":
         return blockfloat.nvfp4_roundtrip(x, four_over_six=f.name == "nvfp4_4over6")
     if fam == "turboquant":
         return turboquant.roundtrip(x, f.name, role)
+    if fam == "mla_record":
+        raise ValueError(f"parameter 'fmt': {f.name} is vLLM's per-token record of DeepSeek's MLA latent (its bytes "
+                         f"size MLA layers in kvcost.models.footprint); its quantizer was not read first-hand, so it "
+                         f"has no round trip here")
     raise ValueError(f"parameter 'fmt': format {f.name!r} has no quantizer (family {fam!r})")  # pragma: no cover
 
 
@@ -409,9 +413,10 @@ def roundtrip(x: np.ndarray, fmt: str | CacheSpec, *, role: str = "v") -> np.nda
     codes or fp8) rather than its V half (uniform codes). ``exact`` (alias ``none``) returns ``x`` unchanged. Plain
     floats and fp8 keep ``x``'s floating dtype (one rounding from its precision, saturating at the
     largest finite value; fp8 at scale 1.0, vLLM's uncalibrated default); block
-    formats compute and return float32. ``mxfp4`` / ``mxfp8`` / ``fp4_mx_block16`` follow OCP MX
-    v1.0, ``nvfp4`` torchao's NVFP4 arithmetic with the array's own amax as tensor scale, llama.cpp's
-    blocks its reference quantizers bit for bit.
+    formats compute and return float32. ``mxfp4`` / ``mxfp8`` follow OCP MX v1.0, ``fp4_mx_block16``
+    SGLang's own recipe (exponent ceil(log2(max/6)), ties away from zero, no saturation), ``nvfp4``
+    torchao's NVFP4 arithmetic with the array's own amax as tensor scale, llama.cpp's blocks its reference
+    quantizers bit for bit.
     """
     spec, f = _single_spec(fmt, role)
     if spec.rotation:
