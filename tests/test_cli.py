@@ -105,8 +105,18 @@ def test_hybrid_growth_mla_latent_and_fp8_ds_mla(capsys) -> None:
     assert cli.main(["size", "DeepSeek-V3", "--context", "1k", "--dtype", "fp8_ds_mla", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["cache_bytes"] == 61 * 1024 * 656 and out["breakdown"][0]["latent_bytes"] == 61 * 1024 * 656
+    assert cli.main(["size", "DeepSeek-V3", "--context", "1k", "--dtype", "nvfp4_ds_mla", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cache_bytes"] == 61 * 1024 * 352
     assert cli.main(["size", "DeepSeek-V3", "--context", "1k"]) == 0
     assert "latent bytes" in capsys.readouterr().out
+    # the planner's --dtypes takes the records for MLA models, refuses them for others naming the flag
+    assert cli.main(["plan", "DeepSeek-V3", "--gpu", "B200", "--gpus", "8", "--tp", "8", "--context", "32k",
+                     "--dtypes", "fp8_ds_mla,nvfp4_ds_mla", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["kib_per_token"] for r in rows] == [61 * 656 / 1024, 61 * 352 / 1024]
+    assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H100", "--context", "4k", "--dtypes", "bf16,nvfp4_ds_mla"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --dtypes: nvfp4_ds_mla is vLLM's per-token record") and "no MLA layers" in err
 
 
 def test_cpu_fallback_warning_for_mixed_kv(capsys) -> None:

@@ -8,6 +8,7 @@ from kvcost.claims import plan as plan_claims
 from kvcost.engines import llamacpp, logs, vllm
 from kvcost.experiments import plan as plan_exp
 from kvcost.models import registry
+from kvcost.models.hfconfig import from_hf_config
 from kvcost.planning import evidence, fleet
 from kvcost.units import GIB, MIB
 
@@ -109,11 +110,44 @@ def test_vllm_rules() -> None:
     assert o.blocks_per_request == 8192 + (-(-(128 - 1 + 2048) // 16) + 1)
     ds = registry.load_model("DeepSeek-V3")
     assert vllm.page_bytes(ds, 16, kv_cache_dtype="fp8_ds_mla") == 16 * 656
+    assert vllm.page_bytes(ds, 16, kv_cache_dtype="nvfp4_ds_mla") == 16 * 352
+    assert vllm.plan(ds, 10.0, kv_cache_dtype="nvfp4_ds_mla").num_blocks == 10 * GIB // (16 * 352) // 61
+    with pytest.raises(ValueError, match="nvfp4_ds_mla is vLLM's layout for MLA models"):
+        vllm.page_bytes(g, 16, kv_cache_dtype="nvfp4_ds_mla")
     assert vllm.page_bytes(ds, 16, kv_cache_dtype="fp8") == 16 * 576
     with pytest.raises(ValueError, match="--kv-cache-dtype"):
         vllm.page_bytes(g, 16, kv_cache_dtype="int3")
     assert vllm.plan(g, 0.5, max_model_len=131072).warnings[-1].startswith("does not fit")
     assert MIB
+
+
+def test_vllm_turboquant_keeps_its_boundary_layers() -> None:
+    """get_boundary_skip_layers (turboquant/config.py @ 1471680b): dense models keep the first and last min(2, L//2)
+    layers in auto (bf16); hybrids none. 32 layers x 8 KV heads x hd 128 under turboquant_4bit_nc: 46,400 B a token."""
+    g = registry.load_model("Llama-3.1-8B")
+    assert vllm.turboquant_boundary_layers(g, "turboquant_4bit_nc") == ("0", "1", "30", "31")
+    assert vllm.turboquant_boundary_layers(g, "fp8") == ()
+    p = vllm.plan(g, 20.0, max_model_len=131072, kv_cache_dtype="turboquant_4bit_nc")
+    assert p.skip_layers == ("0", "1", "30", "31") and p.groups == ("full",)
+    assert p.page_bytes == 16 * (28 * 8 * 134 + 4 * 8 * 512) == 16 * 46400
+    assert p.num_blocks == 20 * GIB // (16 * 46400) and p.kv_tokens == p.num_blocks * 16
+    assert any("boundary layers 0, 1, 30, 31" in w for w in p.warnings)
+    assert 32 * 8 * 134 == 34304 and round(131072 / 46400, 2) == 2.82
+    # every preset, k8v4 included (196-byte slots)
+    k8 = vllm.plan(g, 20.0, max_model_len=131072, kv_cache_dtype="turboquant_k8v4")
+    assert k8.page_bytes == 16 * (28 * 8 * 196 + 4 * 8 * 512)
+    # the user's skip list is kept (union, sorted by index)
+    u = vllm.plan(g, 20.0, max_model_len=131072, kv_cache_dtype="turboquant_3bit_nc", skip_layers=("5", "0"))
+    assert u.skip_layers == ("0", "1", "5", "30", "31") and u.page_bytes == 16 * (27 * 8 * 102 + 5 * 8 * 512)
+    # min(2, L // 2): 3 layers -> 0 and 2; 1 layer -> none
+    def dense(n: int):
+        return from_hf_config({"num_hidden_layers": n, "num_attention_heads": 8, "num_key_value_heads": 8,
+                               "hidden_size": 1024, "max_position_embeddings": 4096})
+    assert vllm.turboquant_boundary_layers(dense(3), "turboquant_k3v4_nc") == ("0", "2")
+    assert vllm.turboquant_boundary_layers(dense(1), "turboquant_k3v4_nc") == ()
+    # a hybrid (Mamba / linear attention beside attention): none
+    assert vllm.turboquant_boundary_layers(registry.load_model("Qwen3-Next-80B-A3B"), "turboquant_4bit_nc") == ()
+    assert vllm.turboquant_boundary_layers(registry.load_model("Jamba-v0.1"), "turboquant_4bit_nc") == ()
 
 
 def test_fleet_accuracy_lookup_with_interval(tmp_path) -> None:

@@ -270,6 +270,35 @@ def test_vllm_skip_layers_pages_and_padding():
     assert pair.requests == 0 and "one --kv-cache-dtype for K and V" in pair.engine_note
 
 
+def test_planner_takes_the_mla_records_and_turboquant_with_its_boundary_layers():
+    ds = registry.load_model("DeepSeek-V3")
+    b200 = gpus.gpu("B200")
+    f = fleet.plan(ds, ds.name, "B200", 32768, n_gpus=8, tp=8, dtypes=["fp8_ds_mla", "nvfp4_ds_mla"], engine="vllm")
+    fp8, nv = f.rows
+    assert (fp8.kib_per_token, nv.kib_per_token) == (61 * 656 / 1024, 61 * 352 / 1024)
+    assert fp8.bits_per_value == pytest.approx(656 * 8 / 576) and nv.bits_per_value == pytest.approx(352 * 8 / 576)
+    assert nv.requests > fp8.requests > 0 and "--kv-cache-dtype nvfp4_ds_mla" in nv.engine_note
+    assert nv.kernel == "software" and gpus.kernel_support(b200, "nvfp4_ds_mla")[0] == "software"
+    # refused off SM100 (FlashMLASparseBackend.supports_combination)
+    kind, why = gpus.kernel_support(gpus.gpu("H200"), "nvfp4_ds_mla")
+    assert kind == "emulated" and "refuses" in why and "B200, GB200, B300" in why
+    assert gpus.kernel_support(gpus.gpu("DGX-Spark"), "nvfp4_ds_mla")[0] == "emulated"
+    with pytest.raises(ValueError, match=r"parameter 'dtypes': nvfp4_ds_mla .*Llama-3.1-8B has no MLA layers"):
+        fleet.plan(registry.load_model("Llama-3.1-8B"), "Llama-3.1-8B", "H100", 4096, dtypes=["nvfp4_ds_mla"])
+    # TurboQuant: a software layout only vLLM's TURBOQUANT backend reads; under vLLM its bytes count the
+    # boundary layers (Llama-3.1-8B: 46,400 B a token), engine-independently every layer is quantized (34,304)
+    kind, why = gpus.kernel_support(H100, "turboquant_4bit_nc")
+    assert kind == "software" and "TURBOQUANT" in why and "FLASH_ATTN" in why
+    assert gpus.BACKEND_ONLY["turboquant_k8v4"][:2] == ("vLLM", "TURBOQUANT")
+    g = registry.load_model("Llama-3.1-8B")
+    tqv = fleet.plan(g, g.name, "H100", 32768, dtypes=["turboquant_4bit_nc"], engine="vllm").rows[0]
+    tqn = fleet.plan(g, g.name, "H100", 32768, dtypes=["turboquant_4bit_nc"]).rows[0]
+    assert tqv.kib_per_token == 46400 / 1024 and tqn.kib_per_token == 34304 / 1024
+    assert "boundary layers 0,1,30,31" in tqv.engine_note
+    budget = H100.total_gib * 0.9 - weights.model_weights(g.name).gib - fleet.RESERVE_GIB
+    assert tqv.kv_tokens == int(budget * GIB) // (16 * 46400) * 16
+
+
 def test_a_plan_that_does_not_fit_at_its_tp_names_the_tp_that_would():
     g = registry.load_model("Qwen3-32B")
     f = fleet.plan(g, g.name, "A100-80GB", 32768, n_gpus=2, dtypes=["bf16", "fp8_e4m3"])

@@ -2,11 +2,13 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from kvcost.experiments import sizing as exp
 from kvcost.models import footprint, registry
 from kvcost.models.footprint import cache_bytes, from_hf_config, load_model
+from kvcost.storage import formats, quant
 
 GIB, MIB = 2**30, 2**20
 
@@ -127,6 +129,37 @@ def test_deepseek_v3_mla_latent() -> None:
     assert cache_bytes(g, 1000, "bf16", v_dtype="q4_0") == 70272000     # no separate V
     assert cache_bytes(g, 1000, "q8_0") == 61 * 18 * 34 * 1000           # 576 = 18 blocks
     assert g.naive == (61, 128, 56)                                       # what a naive reader derives
+
+
+def test_deepseek_mla_records_fp8_ds_mla_and_nvfp4_ds_mla() -> None:
+    """vLLM's per-token records of the 576-value latent (flashmla_sparse.py @ 008a0c31): 656 and 352 bytes a layer."""
+    g = load_model("DeepSeek-V3")
+    assert footprint.MLA_LAYOUTS == {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+    assert cache_bytes(g, 1000, "fp8_ds_mla") == 61 * 656 * 1000 == 40016000
+    assert cache_bytes(g, 1000, "nvfp4_ds_mla") == 61 * 352 * 1000 == 21472000
+    assert footprint.kv_bytes_per_token(g, "nvfp4_ds_mla") == 61 * 352 == 21472
+    assert footprint.growth_bytes_per_token(g, "fp8_ds_mla") == 61 * 656
+    rows = footprint.layer_breakdown(g, 10, "nvfp4_ds_mla")
+    assert len(rows) == 1 and rows[0]["latent_bytes"] == 61 * 352 * 10 and rows[0]["k_format"] == "nvfp4_ds_mla"
+    assert footprint.requests_in_budget(g, 1.0, 1000, "nvfp4_ds_mla") == (1 << 30) // 21472000 == 50
+    p = footprint.plan(g, 1000, "nvfp4_ds_mla", budget_gib=1.0)
+    assert (p.dtype, p.cache_bytes, p.requests) == ("nvfp4_ds_mla", 21472000, 50)
+    # the post's naive formula prices a record in its NoPE values' format (fp8: 1 byte, nvfp4: 9/16 byte)
+    assert footprint.naive_cache_bytes(g, 1000, "fp8_ds_mla") == 61 * 128 * 56 * 1000 * 2
+    assert footprint.naive_cache_bytes(g, 1000, "nvfp4_ds_mla") == 61 * 128 * 56 * 1000 * 2 * 9 // 16
+    assert formats.bits_per_value("nvfp4_ds_mla") == pytest.approx(352 * 8 / 576)      # 4.89
+    assert formats.bits_per_value("fp8_ds_mla") == pytest.approx(656 * 8 / 576)        # 9.11
+    assert cache_bytes(load_model("DeepSeek-V2-Lite"), 100, "nvfp4_ds_mla") == 27 * 352 * 100
+    for bad in ("fp8_ds_mla", "nvfp4_ds_mla", "bf16;skip=0;skip_dtype=nvfp4_ds_mla"):
+        with pytest.raises(ValueError, match=r"parameter 'dtype': .*_ds_mla is vLLM's per-token record.*"
+                                             r"Llama-3.1-8B has no MLA layers"):
+            cache_bytes(load_model("Llama-3.1-8B"), 100, bad)
+    other = from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 512,
+                            "kv_lora_rank": 256, "qk_rope_head_dim": 32})
+    with pytest.raises(ValueError, match="latent has 288 values, not 576"):
+        cache_bytes(other, 10, "nvfp4_ds_mla")
+    with pytest.raises(ValueError, match="no round trip"):
+        quant.roundtrip(np.ones((2, 576), np.float32), "nvfp4_ds_mla")
 
 
 def test_deepseek_v2_lite_mla() -> None:

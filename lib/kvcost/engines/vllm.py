@@ -9,7 +9,8 @@ Rules (vLLM ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/v1/kv_cache_interface.
   ``int4_per_token_head`` packing two values a byte; vllm/v1/kv_cache_interface.py, sources in
   data/storage_formats.md)
   (MLA: ``block_size x (kv_lora_rank + qk_rope_head_dim) x dtype bytes``, no factor 2; vLLM's
-  ``fp8_ds_mla`` layout: ``block_size x 656`` bytes). ``kv_heads_per_rank = max(1, kv_heads // tp)``:
+  ``fp8_ds_mla`` / ``nvfp4_ds_mla`` records: ``block_size x 656`` / ``block_size x 352`` bytes).
+  ``kv_heads_per_rank = max(1, kv_heads // tp)``:
   KV heads split over tensor parallelism, replicated when there are fewer than ranks.
 - One group of all layers when they share a spec: ``num_blocks = memory // page // layers``.
   Full plus sliding-window layers (hybrid manager): layers are split into groups of equal size
@@ -30,6 +31,8 @@ Rules (vLLM ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/v1/kv_cache_interface.
   per block, or are padded to the largest page when the sizes do not divide. vLLM has one
   ``--kv-cache-dtype`` for K and V (K != V pairs are llama.cpp's, or a TurboQuant name such as
   ``turboquant_k3v4_nc``).
+- ``turboquant_*``: vLLM keeps the first and last two layers of a dense model in ``auto``
+  (:func:`turboquant_boundary_layers`), so those layers have bf16 pages of their own.
 
 Standard library only.
 """
@@ -42,12 +45,17 @@ from kvcost.models.hfconfig import FULL, MLA, SLIDING, Geometry
 from kvcost.storage import formats
 from kvcost.units import GIB
 
-__all__ = ["CACHE_DTYPES", "MAMBA_GROUP", "VllmPlan", "check_tp", "page_bytes", "plan"]
+__all__ = ["CACHE_DTYPES", "MAMBA_GROUP", "TQ_BOUNDARY_LAYERS", "VllmPlan", "check_tp", "page_bytes", "plan",
+           "turboquant_boundary_layers"]
 
-#: --kv-cache-dtype -> the kvcost format it stores (``auto``: the model dtype, taken as bf16; ``fp8_ds_mla``:
-#: vLLM's 656-byte MLA layout, no format). The names are kvcost.storage.formats.ENGINES["vllm"]'s.
-CACHE_DTYPES: dict[str, str | None] = {"auto": "bf16", **formats.ENGINES["vllm"], "fp8_ds_mla": None}
-FP8_DS_MLA_BYTES = 656      # 512 fp8 latent + 4 fp32 scales + 64 bf16 RoPE values per token per layer
+#: --kv-cache-dtype -> the kvcost format it stores (``auto``: the model dtype, taken as bf16; ``fp8_ds_mla`` and
+#: ``nvfp4_ds_mla``: vLLM's MLA records, formats.MLA_RECORDS). The names are kvcost.storage.formats.ENGINES["vllm"]'s.
+CACHE_DTYPES: dict[str, str] = {"auto": "bf16", **formats.ENGINES["vllm"]}
+FP8_DS_MLA_BYTES = formats.MLA_RECORDS["fp8_ds_mla"][1]        # 656 bytes per token per layer
+NVFP4_DS_MLA_BYTES = formats.MLA_RECORDS["nvfp4_ds_mla"][1]    # 352 bytes per token per layer (SM100 only)
+#: How many attention layers at each end of a dense model vLLM keeps out of TurboQuant
+#: (``TurboQuantConfig.get_boundary_skip_layers(model_config, n=2)``, data/storage_formats.md).
+TQ_BOUNDARY_LAYERS = 2
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -58,21 +66,22 @@ def page_bytes(g: Geometry, block_size: int = 16, tp: int = 1, kv_cache_dtype: s
     """Bytes of one block of one attention layer on one tensor-parallel rank."""
     if kv_cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"--kv-cache-dtype must be one of {', '.join(CACHE_DTYPES)}, got {kv_cache_dtype!r}")
-    name = CACHE_DTYPES[kv_cache_dtype]
+    f = formats.get(CACHE_DTYPES[kv_cache_dtype])
     if g.count(MLA):
         assert g.mla_latent is not None
-        if name is None:
-            return block_size * FP8_DS_MLA_BYTES
-        f = formats.get(name)
+        if f.family == "mla_record":
+            if g.mla_latent != f.block:
+                raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} is vLLM's record of a {f.block}-value MLA latent "
+                                 f"(kv_lora_rank 512 + qk_rope_head_dim 64); {g.name}'s has {g.mla_latent}")
+            return block_size * int(f.block_bytes)
         if f.family not in ("float", "fp8") or f.scale not in ("none", "tensor"):
             raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} is not a cache layout for MLA latents in this model "
-                             f"(plain or per-tensor fp8 types, or fp8_ds_mla)")
+                             f"(plain or per-tensor fp8 types, or {' / '.join(formats.MLA_RECORDS)})")
         return block_size * g.mla_latent * int(f.bytes_per_value())
-    if name is None:
-        raise ValueError(f"--kv-cache-dtype fp8_ds_mla is vLLM's layout for MLA models (DeepSeek); {g.name} has no "
-                         f"MLA layers")
+    if f.family == "mla_record":
+        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} is vLLM's layout for MLA models (DeepSeek); {g.name} has "
+                         f"no MLA layers")
     heads = max(1, g.kv_heads // tp)
-    f = formats.get(name)
     per_head = f.row_bytes(g.head_dim, g.head_dim) + f.row_bytes(g.v_head_dim, g.v_head_dim)
     if per_head.denominator != 1:
         raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} packs head_size {g.head_dim} into a fraction of a byte")
@@ -142,6 +151,22 @@ def _state_page(g: Geometry, tp: int) -> int | None:
     return int(_cdiv(int(g.state.conv_values * 2 + g.state.ssm_values * ssm), tp))
 
 
+def turboquant_boundary_layers(g: Geometry, kv_cache_dtype: str) -> tuple[str, ...]:
+    """The layers vLLM keeps out of a ``turboquant_*`` cache, as ``kv_cache_dtype_skip_layers`` entries: for a
+    dense model the first and last ``min(2, L // 2)`` of its ``L`` layers (0, 1, L-2, L-1 for L >= 4), for a
+    hybrid (recurrent-state layers beside attention) none; none for other dtypes.
+
+    vllm-project/vllm ``TurboQuantConfig.get_boundary_skip_layers`` (turboquant/config.py at commit 1471680b),
+    unioned into ``kv_cache_dtype_skip_layers`` whenever the dtype starts with ``turboquant_`` (an indexed
+    ``vllm/engine/arg_utils.py``), those layers then kept in ``auto`` (``Attention.__init__``, attention.py at
+    0014ca6b): data/storage_formats.md."""
+    if not kv_cache_dtype.startswith("turboquant_") or g.state_layers:
+        return ()
+    n_layers = g.num_layers
+    n = min(TQ_BOUNDARY_LAYERS, n_layers // 2)
+    return tuple(str(i) for i in sorted({*range(n), *range(n_layers - n, n_layers)}))
+
+
 def _layer_specs(g: Geometry, kv_cache_dtype: str, skip_layers: tuple[str, ...],
                  skip_dtype: str) -> list[tuple[str, str]]:
     """(attention kind, --kv-cache-dtype) of every KV layer, the skipped ones in ``skip_dtype``."""
@@ -172,6 +197,11 @@ def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, m
     largest page for backends that index pages by their stride (``indexes_kv_by_block_stride``, read only in
     a third-party annotated copy of a newer kv_cache_utils.py; vLLM PR #42345's "LCM page padding" was not
     read first-hand), modelled here as that padding, with a warning.
+
+    A ``turboquant_*`` dtype adds vLLM's boundary layers (:func:`turboquant_boundary_layers`: the first and last
+    two layers of a dense model) to ``skip_layers``, as vLLM's engine arguments do; the plan's ``skip_layers``
+    is the union, sorted by index. For 32 layers of 8 KV heads at head size 128 under ``turboquant_4bit_nc``
+    a token costs 28 x 8 x 134 + 4 x 8 x 512 = 46,400 bytes, not 32 x 8 x 134 = 34,304.
     """
     for name, value in (("--tp", tp), ("--block-size", block_size),
                         ("--max-num-batched-tokens", max_num_batched_tokens)):
@@ -191,6 +221,14 @@ def plan(g: Geometry, kv_memory_gib: float, tp: int = 1, block_size: int = 16, m
         raise ValueError(f"--kv-cache-dtype-skip-layers keeps layers in one of {', '.join(CACHE_DTYPES)}, "
                          f"got {skip_dtype!r}")
     warnings = []
+    boundary = turboquant_boundary_layers(g, kv_cache_dtype)
+    if boundary:
+        asked = tuple(skip_layers)
+        ints = sorted({i for i in (*asked, *boundary) if i.isdigit()}, key=int)
+        skip_layers = (*ints, *dict.fromkeys(i for i in asked if not i.isdigit()))
+        warnings.append(f"vLLM keeps TurboQuant's boundary layers {', '.join(boundary)} of {g.name} out of "
+                        f"{kv_cache_dtype} (kv_cache_dtype_skip_layers, in {skip_dtype}; "
+                        f"TurboQuantConfig.get_boundary_skip_layers)")
     if g.max_position_embeddings is not None and max_model_len > g.max_position_embeddings:
         warnings.append(f"--max-model-len {max_model_len:,} exceeds max_position_embeddings "
                         f"{g.max_position_embeddings:,} of {g.name} (vLLM refuses it unless allowed explicitly)")

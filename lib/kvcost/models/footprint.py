@@ -31,6 +31,7 @@ __all__ = [
     "StateSpec",
     "cache_bytes",
     "check_context",
+    "check_layers",
     "context_warnings",
     "from_hf_config",
     "growth_bytes_per_token",
@@ -49,11 +50,12 @@ __all__ = [
     "state_bytes",
 ]
 
-#: Engine-specific MLA cache layouts that are not "latent x one format": bytes per token per layer.
-#: fp8_ds_mla: vLLM's layout for DeepSeek's FlashMLA fp8 kernels — 512 fp8 latent values, four
-#: fp32 scales (one per 128 values) and the 64 RoPE values kept in bf16: 512 + 16 + 128 = 656 bytes
-#: (vllm/attention/ops/flashmla.py and the fp8_ds_mla cache spec; see data/engine_sources.md).
-MLA_LAYOUTS: dict[str, int] = {"fp8_ds_mla": 656}
+#: Engine-specific MLA cache layouts that are not "latent x one format": bytes per token per layer, vLLM's
+#: records of DeepSeek's 576-value latent (kvcost.storage.formats.MLA_RECORDS, sources in data/storage_formats.md):
+#: fp8_ds_mla 656 (512 fp8 NoPE + 4 fp32 scales + 64 bf16 RoPE), nvfp4_ds_mla 352 (512 E2M1 NoPE + 64 fp8 RoPE +
+#: 32 fp8 scales; SM100 only). They are registry names (``formats.get("nvfp4_ds_mla")``) of family
+#: ``mla_record``, refused for layers that are not MLA (:func:`check_layers`).
+MLA_LAYOUTS: dict[str, int] = {name: rec[1] for name, rec in formats.MLA_RECORDS.items()}
 
 
 def check_context(context: Any, name: str = "context", lo: int = 0) -> int:
@@ -88,14 +90,25 @@ def _tokens_bytes(fmt: formats.Format, tokens: int, n_values: int, head_dim: int
     return tokens * fmt.row_bytes(n_values, head_dim)
 
 
-def _mla_layout(g: Geometry, dtype: str | CacheSpec) -> int | None:
-    """Bytes per token per MLA layer for an engine layout name (``fp8_ds_mla``), else None."""
-    if not isinstance(dtype, str) or dtype not in MLA_LAYOUTS:
-        return None
-    if not g.count(MLA):
-        raise ValueError(f"parameter 'dtype': {dtype} is a cache layout for MLA models (DeepSeek); "
-                         f"{g.name} has no MLA layers")
-    return MLA_LAYOUTS[dtype]
+def check_layers(g: Geometry, dtype: str | CacheSpec, v_dtype: str | None = None, *,
+                 param: str = "dtype") -> CacheSpec:
+    """``dtype`` parsed (:func:`kv_spec`), refused where a format cannot store ``g``'s layers: an MLA record
+    (``fp8_ds_mla``, ``nvfp4_ds_mla``) stores MLA latents of its own width only. ValueError naming ``param``."""
+    spec = parse_spec(dtype, v_dtype, param=param)
+    for name in dict.fromkeys((spec.k, spec.v, spec.skip_dtype if spec.skip_layers else spec.k)):
+        f = formats.get(name)
+        if f.family != "mla_record":
+            continue
+        what = (f"{name} is vLLM's per-token record of DeepSeek's MLA latent ({formats.MLA_RECORDS[name][1]} bytes "
+                f"for kv_lora_rank 512 + qk_rope_head_dim 64)")
+        if not g.count(MLA):
+            raise ValueError(f"parameter {param!r}: {what}; {g.name} has no MLA layers")
+        if g.kv_layers != g.count(MLA):
+            raise ValueError(f"parameter {param!r}: {what}; {g.name} has KV layers that are not MLA")
+        if g.mla_latent != f.block:
+            raise ValueError(f"parameter {param!r}: {what}; {g.name}'s latent has {g.mla_latent} values, "
+                             f"not {f.block}")
+    return spec
 
 
 def _layer_groups(g: Geometry, spec: CacheSpec, kinds: tuple[str, ...]) -> list[tuple[str, int, str, str]]:
@@ -121,8 +134,7 @@ def layer_breakdown(g: Geometry, context: int, dtype: str | CacheSpec = "bf16",
     (``k_bytes`` and ``v_bytes`` are 0 there), never as a K with an empty V.
     """
     context = check_context(context)
-    layout = _mla_layout(g, dtype)
-    spec = kv_spec("fp8_e4m3" if layout else dtype, v_dtype)
+    spec = check_layers(g, dtype, v_dtype)
     rows = []
     for kind, n, kname, vname in _layer_groups(g, spec, KV_KINDS):
         kf, vf = formats.get(kname), formats.get(vname)
@@ -130,14 +142,13 @@ def layer_breakdown(g: Geometry, context: int, dtype: str | CacheSpec = "bf16",
         k_b = v_b = lat = Fraction(0)
         if kind == MLA:
             assert g.mla_latent is not None
-            lat = Fraction(tokens * layout) if layout else _tokens_bytes(kf, tokens, g.mla_latent, g.mla_latent)
+            lat = _tokens_bytes(kf, tokens, g.mla_latent, g.mla_latent)
         else:
             k_b = _tokens_bytes(kf, tokens, g.kv_heads * g.head_dim, g.head_dim)
             v_b = _tokens_bytes(vf, tokens, g.kv_heads * g.v_head_dim, g.v_head_dim)
         rows.append({"kind": kind, "layers": n, "tokens": tokens,
                      "k_bytes": n * k_b, "v_bytes": n * v_b, "latent_bytes": n * lat,
-                     "k_format": dtype if layout and kind == MLA else kname,
-                     "v_format": dtype if layout and kind == MLA else vname})
+                     "k_format": kname, "v_format": kname if kind == MLA else vname})
     return rows
 
 
@@ -145,8 +156,9 @@ def cache_bytes(g: Geometry, context: int, dtype: str | CacheSpec = "bf16", v_dt
     """Bytes of KV cache one sequence of ``context`` tokens holds, over all layers.
 
     Sliding-window layers hold ``min(context, window)`` tokens; MLA layers hold their
-    latent (in ``dtype``; ``v_dtype`` does not apply; ``fp8_ds_mla`` is vLLM's 656-byte
-    layout); linear-attention / SSM layers hold no KV (see :func:`state_bytes`).
+    latent (in ``dtype``; ``v_dtype`` does not apply; ``fp8_ds_mla`` / ``nvfp4_ds_mla`` are vLLM's 656- and
+    352-byte records per token, :data:`MLA_LAYOUTS`, refused for other models); linear-attention / SSM
+    layers hold no KV (see :func:`state_bytes`).
     ``dtype`` / ``v_dtype`` are :mod:`kvcost.storage.formats` names (``dtype`` may be a compound spec,
     :mod:`kvcost.storage.spec`: ``q8_0/q4_0``, ``nvfp4;skip=sliding_window``); block formats
     are counted in whole blocks per row, the total rounded up to a whole byte. Unknown format or
@@ -158,14 +170,13 @@ def cache_bytes(g: Geometry, context: int, dtype: str | CacheSpec = "bf16", v_dt
 
 
 def _per_token(g: Geometry, kinds: tuple[str, ...], dtype: str | CacheSpec, v_dtype: str | None) -> Fraction:
-    layout = _mla_layout(g, dtype)
-    spec = kv_spec("fp8_e4m3" if layout else dtype, v_dtype)
+    spec = check_layers(g, dtype, v_dtype)
     total = Fraction(0)
     for kind, n, kname, vname in _layer_groups(g, spec, kinds):
         kf, vf = formats.get(kname), formats.get(vname)
         if kind == MLA:
             assert g.mla_latent is not None
-            total += n * (layout or kf.row_bytes(g.mla_latent, g.mla_latent))
+            total += n * kf.row_bytes(g.mla_latent, g.mla_latent)
         else:
             total += n * (kf.row_bytes(g.kv_heads * g.head_dim, g.head_dim)
                           + vf.row_bytes(g.kv_heads * g.v_head_dim, g.v_head_dim))
@@ -207,7 +218,7 @@ def state_bytes(g: Geometry, dtype: str | None = None) -> int | None:
 
 def shared_bytes(g: Geometry, dtype: str | CacheSpec = "bf16", v_dtype: str | None = None) -> int:
     """Context-independent cache metadata shared by all sequences (static per-head scales)."""
-    spec = kv_spec("fp8_e4m3" if _mla_layout(g, dtype) else dtype, v_dtype)
+    spec = check_layers(g, dtype, v_dtype)
     heads = 1 if g.count(MLA) else g.kv_heads
     total = 0
     for _, n, kname, vname in _layer_groups(g, spec, KV_KINDS):
@@ -231,7 +242,7 @@ def requests_in_budget(g: Geometry, budget_gib: float, context: int, dtype: str 
     Each sequence costs :func:`cache_bytes` plus (``include_state``) its recurrent state;
     static per-head scales are taken from the budget once.
     """
-    arg = dtype if _mla_layout(g, dtype) else kv_spec(dtype, v_dtype)
+    arg = check_layers(g, dtype, v_dtype)
     budget = _budget_bytes(budget_gib) - shared_bytes(g, arg)
     per = cache_bytes(g, context, arg)
     if include_state:
@@ -251,7 +262,7 @@ def max_context(g: Geometry, budget_gib: float, dtype: str | CacheSpec = "bf16",
     """
     if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
         raise ValueError(f"parameter 'requests' must be a positive integer, got {requests!r}")
-    arg = dtype if _mla_layout(g, dtype) else kv_spec(dtype, v_dtype)
+    arg = check_layers(g, dtype, v_dtype)
     budget = _budget_bytes(budget_gib) - shared_bytes(g, arg)
     fixed = (state_bytes(g, state_dtype) or 0) if include_state else 0
 
@@ -340,7 +351,8 @@ def naive_cache_bytes(g: Geometry, context: int, dtype: str | CacheSpec = "bf16"
     """The post's formula on the config's own numbers (every layer, K and V of every KV head), in K/V formats
     (skipped layers are the post's blind spot too: every layer in K's and V's format)."""
     context = check_context(context)
-    kf, vf = kv_formats("fp8_e4m3" if isinstance(dtype, str) and dtype in MLA_LAYOUTS else dtype, v_dtype)
+    kf, vf = (formats.get(formats.MLA_RECORDS[f.name][2]) if f.family == "mla_record" else f
+              for f in kv_formats(dtype, v_dtype))     # an MLA record: priced in its NoPE values' format
     layers, kvh, hd = g.naive
     return math.ceil(layers * kvh * hd * context * (kf.bytes_per_value(hd) + vf.bytes_per_value(hd)))
 
@@ -360,11 +372,10 @@ def plan(g: Geometry, context: int, dtype: str | CacheSpec = "bf16", v_dtype: st
     context = check_context(context, lo=1)
     if request_tokens is not None and budget_gib is None:
         raise ValueError("parameter 'request_tokens' needs 'budget_gib': requests are counted in a budget")
-    layout = _mla_layout(g, dtype)
-    spec = kv_spec("fp8_e4m3" if layout else dtype, v_dtype)            # parsed once, passed on as a CacheSpec
-    kname = dtype if layout else spec.k
-    vname = kname if layout else spec.v
-    arg: str | CacheSpec = dtype if layout else spec
+    spec = check_layers(g, dtype, v_dtype)                               # parsed once, passed on as a CacheSpec
+    kname = spec.k
+    vname = spec.v
+    arg: CacheSpec = spec
     rt = context if request_tokens is None else check_context(request_tokens, "request_tokens", lo=1)
     sdt = state_dtype or g.state_dtype or "bf16"
     try:

@@ -2,7 +2,8 @@
 
 - ``none`` (:func:`bytes_capacity`): every KV layer keeping each token, sliding layers their window.
 - ``vllm`` (:func:`vllm_capacity`, :func:`kvcost.engines.vllm.plan`): whole blocks, hybrid groups, window - 1 +
-  max_num_batched_tokens per sliding layer, skipped layers (``;skip=``) in their own dtype and page.
+  max_num_batched_tokens per sliding layer, skipped layers (``;skip=``) in their own dtype and page, and for
+  ``turboquant_*`` the boundary layers vLLM adds to them (first and last two of a dense model, in ``auto``).
 - ``llama.cpp`` (:func:`llamacpp_capacity`, :func:`kvcost.engines.llamacpp.allocate`): padded cells, the SWA
   cache, ``--swa-full``; K and V types apart (``-ctk`` / ``-ctv``).
 
@@ -21,7 +22,8 @@ from kvcost.storage import formats
 from kvcost.storage.spec import CacheSpec
 from kvcost.units import GIB
 
-__all__ = ["ENGINES", "Capacity", "bytes_capacity", "llamacpp_capacity", "vllm_capacity", "vllm_cache_dtype"]
+__all__ = ["ENGINES", "Capacity", "bytes_capacity", "llamacpp_capacity", "vllm_capacity", "vllm_cache_dtype",
+           "vllm_spec"]
 
 #: Engines whose capacity rules the plan can follow ("none": engine-independent bytes).
 ENGINES = ("none", "vllm", "llama.cpp")
@@ -70,6 +72,18 @@ def vllm_cache_dtype(name: str) -> str | None:
     return formats.engine_name(name, "vllm")
 
 
+def vllm_spec(g: Geometry, sp: CacheSpec) -> CacheSpec:
+    """``sp`` as vLLM stores it on ``g``: a ``turboquant_*`` spec gains the boundary layers vLLM keeps in ``auto``
+    (:func:`kvcost.engines.vllm.turboquant_boundary_layers`), so its bytes per token are vLLM's; else ``sp``."""
+    name = vllm_cache_dtype(sp.k)
+    boundary = vllm.turboquant_boundary_layers(g, name) if name and sp.k == sp.v else ()
+    if not boundary or (sp.skip_layers and sp.skip_dtype != "bf16"):
+        return sp
+    ints = sorted({i for i in (*sp.skip_layers, *boundary) if i.isdigit()}, key=int)
+    skips = (*ints, *dict.fromkeys(i for i in sp.skip_layers if not i.isdigit()))
+    return CacheSpec(sp.k, sp.v, sp.rotation, sp.k_order, skips, sp.skip_dtype, sp.store)
+
+
 def vllm_capacity(g: Geometry, sp: CacheSpec, budget_gib: float, tp: int, context: int, block_size: int,
                   mnbt: int) -> Capacity:
     """Tokens, requests and longest context per replica under vLLM's block pool (``budget_gib`` per GPU)."""
@@ -86,8 +100,12 @@ def vllm_capacity(g: Geometry, sp: CacheSpec, budget_gib: float, tp: int, contex
 
     v = run(context)
     longest = _largest(lambda n: run(n).max_concurrency >= 1, g.max_position_embeddings or 2 ** 24)
+    boundary = vllm.turboquant_boundary_layers(g, name)
     skip_text = (f" --kv-cache-dtype-skip-layers {','.join(sp.skip_layers)} (kept in {skip})"
                  if sp.skip_layers else "")
+    if boundary:
+        skip_text += (f" (vLLM keeps TurboQuant's boundary layers {','.join(boundary)} in {skip}: "
+                      f"kv_cache_dtype_skip_layers {','.join(v.skip_layers)})")
     sizes = "" if len(set(v.block_sizes)) <= 1 else f" (tokens per block {'/'.join(map(str, v.block_sizes))})"
     return Capacity(v.kv_tokens, int(v.max_concurrency), longest,
                     f"vLLM --kv-cache-dtype {name}{skip_text}: {v.num_blocks:,} blocks of {block_size}, groups "

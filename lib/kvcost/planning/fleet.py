@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from kvcost.engines import llamacpp, vllm
-from kvcost.models.footprint import check_context, kv_bytes_per_token
+from kvcost.models.footprint import check_context, check_layers, kv_bytes_per_token
 from kvcost.models.hfconfig import MLA, SLIDING, Geometry
 from kvcost.models.weights import Weights, model_weights
-from kvcost.planning.capacity import ENGINES, Capacity, bytes_capacity, llamacpp_capacity, vllm_capacity
+from kvcost.planning.capacity import ENGINES, Capacity, bytes_capacity, llamacpp_capacity, vllm_capacity, vllm_spec
 from kvcost.planning.decode import DEFAULT_EFFICIENCY, estimate
 from kvcost.planning.evidence import accuracy_evidence
 from kvcost.planning.gpus import GPU, gpu, kernel_support
@@ -167,7 +167,7 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
 
     rows, parsed = [], {}
     for spec in dtypes or DEFAULT_DTYPES:
-        sp = parse_spec(spec, param="dtypes")
+        sp = check_layers(g, parse_spec(spec, param="dtypes"), param="dtypes")   # MLA records: MLA models only
         parsed[sp.label] = sp
         kf, vf = formats.get(sp.k), formats.get(sp.v)
         row_warn: list[str] = []
@@ -180,7 +180,10 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
                           key=lambda kw: ("native", "software", "emulated").index(kw[0]))
         if why:
             row_warn.append(why)
-        per_token = kv_bytes_per_token(g, sp)
+        # under vLLM a turboquant_* cache keeps its boundary layers in bf16: its bytes per token (and the decode
+        # estimate's KV reads) count them
+        sp_bytes = vllm_spec(g, sp) if engine == "vllm" else sp
+        per_token = kv_bytes_per_token(g, sp_bytes)
         cap_r = capacity_at(sp, tp)
         tokens, req = (cap_r.kv_tokens * replicas, cap_r.requests * replicas) if cap_r else (0, 0)
         mc = cap_r.longest_context if cap_r else 0
@@ -191,7 +194,7 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
         if concurrency is not None and req < concurrency:
             row_warn = [*row_warn, f"{label}: {req} requests of {context:,} tokens fit, {concurrency} asked"]
         batch = concurrency if concurrency is not None else (req // replicas if req else None)
-        dec = estimate(g, w, sp, context, batch, bw, tp, efficiency, card) if bw and batch else None
+        dec = estimate(g, w, sp_bytes, context, batch, bw, tp, efficiency, card) if bw and batch else None
         rows.append(FleetRow(sp.k, sp.v, float(kf.bits_per_value(g.head_dim) + vf.bits_per_value(g.head_dim)) / 2,
                              per_token / 1024, tokens, req, mc, fits, acc_text, tuple(row_warn), sp.label, note,
                              kernel, batch, dec.itl_ms if dec else None, dec.tokens_per_s_request if dec else None,

@@ -17,7 +17,30 @@ from kvcost.provenance import checked
 from kvcost.storage import formats
 from kvcost.units import GIB
 
-__all__ = ["GPU", "catalogue", "custom_gpu", "gpu", "kernel_support"]
+__all__ = ["BACKEND_ONLY", "GPU", "SM100", "catalogue", "custom_gpu", "gpu", "kernel_support"]
+
+#: Catalogue GPUs of compute capability 10.x (SM100 family: B200 and GB200 are 10.0, B300 10.3), where vLLM
+#: admits ``nvfp4_ds_mla``. The catalogue's "Blackwell" also holds DGX Spark (GB10, 12.1) and its "RTX Blackwell"
+#: the RTX 5090 (12.0), which it refuses.
+SM100 = ("B200", "GB200", "B300")
+
+#: KV formats that one engine's attention backend reads and nothing else does (data/storage_formats.md, each
+#: read first-hand in vllm-project/vllm): name -> (engine, backend, the catalogue GPUs it is admitted on, ``()``
+#: for every GPU the backend runs on, what the backend does with it).
+BACKEND_ONLY: dict[str, tuple[str, str, tuple[str, ...], str]] = {
+    **{n: ("vLLM", "TURBOQUANT", (),
+           "its supported_kv_cache_dtypes are exactly the four turboquant_* presets and no other backend "
+           "(FLASH_ATTN, FLASHINFER, TRITON_ATTN) reads a TurboQuant cache: Triton decode kernels on the packed "
+           "slots, FlashAttention prefill on the chunk's uncompressed K/V (vllm/v1/attention/backends/"
+           "turboquant_attn.py at commit 0135d081); no other engine has the format") for n in formats.TURBOQUANT},
+    "fp8_ds_mla": ("vLLM", "FLASHMLA_SPARSE", (),
+                   "DeepSeek's sparse MLA kernels read the 656-byte record (vllm/v1/attention/backends/mla/"
+                   "flashmla_sparse.py at commit 008a0c31)"),
+    "nvfp4_ds_mla": ("vLLM", "FLASHMLA_SPARSE", SM100,
+                     "supports_combination refuses it off SM100 (flashmla_sparse.py at commit 008a0c31); on SM100 "
+                     "the attended 352-byte rows are dequantized to fp8 e4m3 staging rows for FlashInfer's sparse "
+                     "MLA kernel (nvfp4_ds_mla_fp8_gather.py at commit 6e0ea942)"),
+}
 
 
 @dataclass(frozen=True)
@@ -102,10 +125,19 @@ def custom_gpu(memory_gib: float | None = None, bandwidth_tbs: float | None = No
 def kernel_support(card: GPU, fmt: str | formats.Format) -> tuple[str, str]:
     """Whether ``card`` computes attention in ``fmt`` natively: ``("native", "")``, ``("emulated", why)``
     for a hardware format the GPU lacks (the engine stores it and upcasts in the kernel, or refuses),
-    or ``("software", why)`` for a format no GPU has (llama.cpp blocks, per-token scales, KIVI)."""
+    or ``("software", why)`` for a format no GPU has (llama.cpp blocks, per-token scales, KIVI). Formats that
+    only one engine backend reads (:data:`BACKEND_ONLY`: TurboQuant in vLLM's TURBOQUANT backend, the DeepSeek
+    MLA records in FLASHMLA_SPARSE) say so; ``nvfp4_ds_mla`` off SM100 is refused ("emulated")."""
     f = formats.get(fmt)
     if f.family == "float" or f.name in card.kv_native:
         return "native", ""
+    if f.name in BACKEND_ONLY:
+        engine, backend, admitted, what = BACKEND_ONLY[f.name]
+        if admitted and card.name not in admitted:
+            return "emulated", (f"{f.name} on {card.name} ({card.arch or 'unknown architecture'}): {engine} refuses "
+                                f"it there, only {backend} on {', '.join(admitted)} reads it: {what}")
+        return "software", (f"{f.name} is a software layout that only {engine}'s {backend} attention backend reads: "
+                            f"{what}")
     if f.family in ("fp8", "nvfp4", "mx") and f.scale in ("none", "tensor", "block"):
         have = ", ".join(card.kv_native) or "none beyond bf16/fp16"
         return "emulated", (f"{f.name} on {card.name} ({card.arch or 'unknown architecture'}, native KV formats: "
