@@ -18,6 +18,12 @@ Variants of one trial (:data:`VARIANTS` holds the spellings):
   computed once per trial and shared); ``fa3:rows=answer[,...]`` emulates only the rows that
   predict the answer (the last ``n_answer + 1``: the question itself exact too), the cheapest
   mode; ``fa3full[...]`` runs every row of every layer through it (faithful mode).
+- ``split:haystack=g,needle=c[,layer=L][,rows=answer]``: exact attention whose output is split into what the
+  needle sentence's keys contribute and what every other key does, the haystack's part scaled by ``g`` and
+  the needle's by ``c`` (default 1 each), for the same rows as ``fa3`` (at every layer, or at layer ``L``
+  only). It carries notebook 06's two effects through the real decoder separately: the haystack shrinkage
+  the FP8 kernel causes (gain 0.45–0.69 there) with the needle intact, and the needle's loss with the
+  haystack intact; ``split:needle=0`` (the needle removed from attention) is the case whose answer is known.
 
 torch and transformers are imported where used (the ``[real-model]`` extra).
 """
@@ -32,7 +38,8 @@ import numpy as np
 from kvcost.models import decoders, sliding_window
 from kvcost.numerics import fa3
 
-__all__ = ["HAYSTACK", "KEYS", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention", "run_trial"]
+__all__ = ["HAYSTACK", "KEYS", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention", "run_trial",
+           "split_attention"]
 
 #: Which rows a fast-mode variant emulates: ``tail`` (the question and the answer) or ``answer``
 #: (the last ``n_answer + 1`` rows, those whose logits are scored).
@@ -48,7 +55,8 @@ KEYS = ("apple", "river", "garden", "silver", "candle", "forest", "window", "har
 @dataclass(frozen=True)
 class Prompt:
     """Token ids of one trial: ``prefix`` (instruction, haystack and needle), ``tail`` (question,
-    answer prefix and the value's tokens); the value occupies the last ``n_answer`` tail tokens."""
+    answer prefix and the value's tokens); the value occupies the last ``n_answer`` tail tokens;
+    ``needle``: the positions [start, end) of the needle sentence's tokens in ``prefix``."""
 
     prefix: list[int]
     tail: list[int]
@@ -56,6 +64,7 @@ class Prompt:
     key: str
     value: str
     depth: float
+    needle: tuple[int, int] = (0, 0)
 
 
 def build_prompt(tok: Any, context: int, depth: float, seed: int) -> Prompt:
@@ -83,9 +92,11 @@ def build_prompt(tok: Any, context: int, depth: float, seed: int) -> Prompt:
     body = " " + " ".join([HAYSTACK] * cut) if cut else ""
     rest = " " + " ".join([HAYSTACK] * (n_rep - cut)) if n_rep - cut else ""
     prefix = ids(head + body.lstrip() + needle + rest)
+    # the needle's span: the tokens of the text before it and with it (a boundary token may straddle)
+    span = (len(ids(head + body.lstrip())), len(ids(head + body.lstrip() + needle)))
     ans = ids(" " + value)
     tail = ids(question + answer) + ans
-    return Prompt(prefix, tail, len(ans), key, value, float(depth))
+    return Prompt(prefix, tail, len(ans), key, value, float(depth), span)
 
 
 def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
@@ -100,19 +111,32 @@ def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
         decoders.parse_format(fmt)
         return "store", {"fmt": fmt}
     kind, _, opts = name.partition(":")
-    if kind not in ("fa3", "fa3full"):
+    if kind not in ("fa3", "fa3full", "split"):
         raise ValueError(f"parameter 'variant': unknown variant {name!r}")
     out: dict[str, Any] = {}
     for item in filter(None, opts.split(",")):
         k, _, v = item.partition("=")
-        if k in ("frac_bits", "qk_frac_bits", "flush_every"):
+        if kind == "split" and k in ("haystack", "needle"):
+            try:
+                out[k] = float(v)
+            except ValueError:
+                raise ValueError(f"parameter 'variant': {k}={v!r} in {name!r} must be a number (the gain on "
+                                 f"the {k}'s contribution)") from None
+            if not 0.0 <= out[k] <= 4.0:
+                raise ValueError(f"parameter 'variant': {k}={v!r} in {name!r} must be in [0, 4]")
+        elif kind == "split" and k == "layer":
+            out[k] = int(v)
+        elif kind == "split" and k not in ("rows",):
+            raise ValueError(f"parameter 'variant': unknown option {k!r} in {name!r} (split takes haystack, "
+                             "needle, layer, rows)")
+        elif k in ("frac_bits", "qk_frac_bits", "flush_every"):
             out[k] = int(v)
         elif k == "p_format":
             out[k] = v
         elif k == "arch":
             fa3.unit_for(v.replace("_", " "))          # 'Ada_Lovelace' in a variant name: no spaces there
             out[k] = v.replace("_", " ")
-        elif k == "rows" and kind == "fa3" and v in ROWS:
+        elif k == "rows" and kind in ("fa3", "split") and v in ROWS:
             if v != "tail":
                 out[k] = v
         elif k == "rows":
@@ -140,6 +164,9 @@ class FA3Attention:
     def __init__(self) -> None:
         self.active = False
         self.options: dict[str, Any] = {}
+        #: while set (with ``active``), exact attention split at the needle instead of the FP8 kernel:
+        #: ``{"haystack": g, "needle": c, "span": (start, end), "layer": L or None}``
+        self.split: dict[str, Any] | None = None
         self.calls = 0
         self.sliding_calls = 0
         self._stored: dict[int, tuple[np.ndarray, ...]] = {}
@@ -170,7 +197,17 @@ class FA3Attention:
             self.sliding_calls += 1
             out = sliding_window.banded_attention(query, key, value, int(window), scaling or query.shape[-1] ** -0.5)
             return out.transpose(1, 2).contiguous(), None
-        if not self.active:
+        split = self.split if self.active else None
+        if split is not None and split.get("layer") not in (None, module.layer_idx):
+            split, exact = None, True
+        else:
+            exact = not self.active
+        if split is not None:
+            self.calls += 1
+            out = split_attention(query, key, value, scaling or query.shape[-1] ** -0.5, split["span"],
+                                  split.get("haystack", 1.0), split.get("needle", 1.0))
+            return out.transpose(1, 2).contiguous(), None
+        if exact:
             n_q, n_k = query.shape[2], key.shape[2]
             if attention_mask is None and 1 < n_q < n_k:
                 # transformers builds no mask for a custom attention name, and SDPA's is_causal would
@@ -190,6 +227,25 @@ class FA3Attention:
 
         AttentionInterface.register(self.NAME, self)
         model.set_attn_implementation(self.NAME)
+
+
+def split_attention(query: Any, key: Any, value: Any, scaling: float, span: tuple[int, int], haystack: float,
+                    needle: float) -> Any:
+    """Exact causal attention (float32, the query rows the last of the keys) whose output is
+    ``haystack`` x what the keys outside ``span`` contribute + ``needle`` x what the keys in ``span`` do.
+    query (1, hq, n_q, d), key and value (1, hkv, n_k, d) torch tensors; returns (1, hq, n_q, d)."""
+    import torch
+
+    group = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(group, dim=1)
+    v = value.repeat_interleave(group, dim=1)
+    n_q, n_k = query.shape[2], key.shape[2]
+    s = (query @ k.transpose(-1, -2)) * scaling
+    causal = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    w = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
+    m = torch.zeros(n_k, dtype=w.dtype)
+    m[span[0]:span[1]] = 1.0
+    return haystack * ((w * (1.0 - m)) @ v) + needle * ((w * m) @ v)
 
 
 def _score(logits: Any, tail: list[int], n_answer: int) -> dict[str, Any]:
@@ -222,7 +278,7 @@ def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str
     with torch.no_grad():
         for name, (kind, opt) in parsed.items():
             t0 = time.perf_counter()
-            if kind in ("exact", "fa3"):
+            if kind in ("exact", "fa3", "split"):
                 if shared is None:
                     attn.active = False
                     shared = decoders.StoredCache("fp32")
@@ -236,7 +292,10 @@ def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str
                     start = full.shape[1] - prompt.n_answer - 1
                     attn.active = False
                     model(full[:, n_pre:start], past_key_values=shared, use_cache=True, logits_to_keep=1)
-                attn.active, attn.options = kind == "fa3", opt
+                if kind == "split":
+                    attn.split = {"haystack": opt.pop("haystack", 1.0), "needle": opt.pop("needle", 1.0),
+                                  "layer": opt.pop("layer", None), "span": prompt.needle}
+                attn.active, attn.options = kind in ("fa3", "split"), opt
                 logits = model(full[:, start:], past_key_values=shared, use_cache=True,
                                logits_to_keep=prompt.n_answer + 1).logits[0]     # the rows _score reads
             elif kind == "store":
@@ -248,6 +307,6 @@ def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str
                 attn.active, attn.options = True, opt
                 logits = model(full, past_key_values=decoders.StoredCache("fp32"), use_cache=True,
                                logits_to_keep=len(prompt.tail)).logits[0]
-            attn.active = False
+            attn.active, attn.split = False, None
             out[name] = _score(logits, prompt.tail, prompt.n_answer) | {"seconds": time.perf_counter() - t0}
     return out

@@ -1,0 +1,61 @@
+"""Notebook 06's two effects carried through a real decoder: the ``split`` passkey variant
+(kvcost.experiments.real_decoder_passkey.split_attention), on cases whose answer is known."""
+import numpy as np
+import pytest
+
+from kvcost.experiments import real_decoder_passkey as pk
+
+torch = pytest.importorskip("torch")
+
+
+class Tok:                                         # one id per character: lengths and spans are exact
+    def __call__(self, s, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in s]}
+
+
+def test_the_prompt_knows_where_its_needle_is():
+    p = pk.build_prompt(Tok(), 2000, 0.3, seed=4)
+    a, b = p.needle
+    assert "".join(map(chr, p.prefix[a:b])) == f" One of the special magic numbers for {p.key} is: {p.value}."
+
+
+def test_split_variants_parse_and_refuse_bad_options():
+    assert pk.parse_variant("split:haystack=0.5") == ("split", {"haystack": 0.5})
+    assert pk.parse_variant("split:needle=0,layer=10,rows=answer") == (
+        "split", {"needle": 0.0, "layer": 10, "rows": "answer"})
+    for bad, word in (("split:haystack=abc", "must be a number"), ("split:needle=9", r"\[0, 4\]"),
+                      ("split:frac_bits=5", "unknown option"), ("split:rows=all", "rows")):
+        with pytest.raises(ValueError, match=word):
+            pk.parse_variant(bad)
+
+
+def _attention(q, k, v, scaling, drop=None):
+    """Plain float64 causal attention, the query rows last, optionally with keys ``drop`` removed from the
+    sum but not from the softmax (their weight simply lost)."""
+    hq, hk = q.shape[1], k.shape[1]
+    k, v = np.repeat(k, hq // hk, axis=1), np.repeat(v, hq // hk, axis=1)
+    n_q, n_k = q.shape[2], k.shape[2]
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * scaling
+    s = np.where(np.tri(n_q, n_k, n_k - n_q, dtype=bool), s, -np.inf)
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    w /= w.sum(axis=-1, keepdims=True)
+    if drop is not None:
+        w[..., drop[0]:drop[1]] = 0.0
+    return np.einsum("bhqk,bhkd->bhqd", w, v)
+
+
+def test_split_attention_is_exact_attention_and_removes_what_it_is_told():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(s) for s in ((1, 6, 5, 16), (1, 2, 40, 16), (1, 2, 40, 16)))
+    t = [torch.tensor(x, dtype=torch.float32) for x in (q, k, v)]
+    span, scale = (10, 17), 0.25
+    whole = pk.split_attention(*t, scale, span, 1.0, 1.0).numpy()
+    np.testing.assert_allclose(whole, _attention(q, k, v, scale), rtol=0, atol=2e-6)
+    gone = pk.split_attention(*t, scale, span, 1.0, 0.0).numpy()            # the needle removed
+    np.testing.assert_allclose(gone, _attention(q, k, v, scale, drop=span), rtol=0, atol=2e-6)
+    # the two parts add up: haystack x g plus needle x c, for any g and c
+    g, c = 0.5, 0.25
+    mixed = pk.split_attention(*t, scale, span, g, c).numpy()
+    needle_part = whole - gone
+    np.testing.assert_allclose(mixed, g * gone + c * needle_part, rtol=0, atol=4e-6)
+    assert np.abs(needle_part).max() > 1e-3          # the needle's keys do contribute here
