@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kvcost import accum
 from kvcost.floats import parse_format, round_to
 from kvcost.numerics import _jit
+from references import chain_exact, round_rational
 
 FORMATS = ["fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "e8m13", "e5m4"]
 
@@ -20,23 +21,7 @@ FORMATS = ["fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "e8m13", "e5m
 # ------------------------------------------------------------ plain exact reference
 def rn(v: Fraction, fmt: str) -> Fraction | float:
     """Round an exact rational to nearest-even in fmt (inf/NaN on overflow)."""
-    f = parse_format(fmt)
-    if v == 0:
-        return Fraction(0)
-    a = abs(v)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    while Fraction(2) ** e > a:
-        e -= 1
-    while Fraction(2) ** (e + 1) <= a:
-        e += 1
-    q = Fraction(2) ** (max(e, f.emin) - f.man_bits)
-    k, rem = divmod(a, q)
-    if rem * 2 > q or (rem * 2 == q and k % 2 == 1):
-        k += 1
-    r = k * q
-    if r > Fraction(f.max):
-        return math.copysign(math.inf, v) if f.has_inf else math.nan
-    return r if v > 0 else -r
+    return round_rational(v, fmt)
 
 
 def ref_flat(xs, fmt, acc=Fraction(0)):
@@ -75,24 +60,10 @@ def ref_kahan(xs, fmt):
 
 
 def ref_hopper(xs, group, keep_bits, promote):
-    """The model as specified in accum.hopper_sum, in rationals."""
-    tc, fp, since = Fraction(0), Fraction(0), 0
-    xs = [Fraction(float(x)) for x in xs]
-    for g0 in range(0, len(xs), group):
-        items = [tc, *xs[g0:g0 + group]]
-        mx = max(abs(v) for v in items)
-        if mx > 0:
-            e = math.floor(math.log2(mx))
-            while Fraction(2) ** e > mx:
-                e -= 1
-            while Fraction(2) ** (e + 1) <= mx:
-                e += 1
-            q = Fraction(2) ** (e + 1 - keep_bits)
-            tc = rn(sum(math.trunc(v / q) * q for v in items), "fp32")
-        since += len(items) - 1
-        if promote and (since >= promote or g0 + group >= len(xs)):
-            fp, tc, since = rn(fp + tc, "fp32"), Fraction(0), 0
-    return fp if promote else tc
+    """The model as specified in accum.hopper_sum, in rationals: the tensor-core instruction chain with
+    keep_bits significant bits below the group's largest term (frac_bits = keep_bits - 1), each
+    instruction's sum rounded to fp32."""
+    return chain_exact(xs, group, promote, frac_bits=keep_bits - 1, rounding="toward_zero", out="fp32")
 
 
 def terms(draw, fmt, n):

@@ -1,12 +1,12 @@
 """kvcost.fa3: FlashAttention-3's FP8 forward pass, against exact attention and kvcost.accum."""
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 from kvcost import accum, fa3, fa3kernel, tensorcore
 from kvcost.numerics import _jit, oracle
+from references import attention_exact, e4m3
 
 
 def _case(n: int, d: int = 64, seed: int = 0, mean: float = 0.3, spread: float = 2.0):
@@ -69,14 +69,17 @@ def test_attend_matches_attend_row_and_exact_attention():
     q, k, v = rng.standard_normal((4, 3, 64)), rng.standard_normal((2, 700, 64)), rng.standard_normal((2, 700, 64))
     out = fa3.attend(q, k, v, qk="exact", q_format="exact", kv_format="exact", p_format="exact",
                      accumulator="exact", l_accumulator="exact")
-    ref = fa3.exact_attention(q, k, v)
+    ref = attention_exact(q, k, v)
     assert _rel(out, ref) < 1e-6
+    # kvcost's own float64 reference is the definition, to float64's rounding
+    assert _rel(fa3.exact_attention(q, k, v), ref) < 1e-13
+    assert _rel(fa3.exact_attention(q, k, v, causal=True), attention_exact(q, k, v, causal=True)) < 1e-13
     # grouped heads: head 3 reads kv head 1
     one = fa3.attend(q[3:4], k[1:2], v[1:2])
     assert np.array_equal(one[0], fa3.attend(q, k, v)[3])
     # the default FP8 path stays within a few percent of exact attention on the stored cache
     qs, ks, vs = (fa3.store(x, "e4m3") for x in (q, k, v))
-    assert _rel(fa3.attend(q, k, v), fa3.exact_attention(qs, ks, vs)) < 0.05
+    assert _rel(fa3.attend(q, k, v), attention_exact(qs, ks, vs)) < 0.05
 
 
 def test_causal_first_row_sees_only_the_first_key():
@@ -84,7 +87,7 @@ def test_causal_first_row_sees_only_the_first_key():
     q, k, v = rng.standard_normal((1, 50, 64)), rng.standard_normal((1, 50, 64)), rng.standard_normal((1, 50, 64))
     out = fa3.attend(q, k, v, causal=True)
     assert np.array_equal(out[0, 0], fa3.store(v, "e4m3")[0, 0].astype(np.float64))
-    ref = fa3.exact_attention(*(fa3.store(x, "e4m3") for x in (q, k, v)), causal=True)
+    ref = attention_exact(*(fa3.store(x, "e4m3") for x in (q, k, v)), causal=True)
     assert _rel(out, ref) < 0.05
 
 
@@ -133,7 +136,7 @@ def test_compiled_e4m3_store_is_ml_dtypes_satfinite_cast_bit_for_bit():
     special = np.array([0.0, -0.0, np.inf, -np.inf, 448, 449, 464, 465, -480, 3e38, 1e-45, -2.0 ** -10,
                         3 * 2.0 ** -11], np.float32)
     for a in (x, ties, -ties, special):
-        ref = np.clip(a, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        ref = e4m3(a)
         np.testing.assert_array_equal(fa3.store(a, "e4m3").view(np.uint32), ref.view(np.uint32))
     assert np.isnan(fa3.store(np.array([np.nan], np.float32), "e4m3")[0])
 
@@ -223,7 +226,7 @@ def test_one_block_with_varied_p_is_the_units_chain(arch):
     out = fa3.attend_row(s, v, arch=arch)
     ms = float(np.float32(s.max() * fa3.LOG2E - 8))
     praw = np.array([np.float32(math.exp2(float(np.float32(x * fa3.LOG2E - ms)))) for x in s], np.float64)
-    p = praw.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    p = e4m3(praw).astype(np.float64)
     lsum = np.float32(0)
     for x in praw:
         lsum = np.float32(lsum + np.float32(x))

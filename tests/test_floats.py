@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kvcost import floats
 from kvcost.floats import parse_format, round_pair, round_to
+from references import round_rational
 
 FORMATS = ["fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "e8m13", "e4m3", "e2m1",
            "e3m2", "e6m5", "e11m50", "e11m4"]
@@ -19,17 +20,9 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 
 # ---------------------------------------------------------------- exact reference
-def _floor_log2(a: Fraction) -> int:
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    while Fraction(2) ** e > a:
-        e -= 1
-    while Fraction(2) ** (e + 1) <= a:
-        e += 1
-    return e
-
-
 def ref_round(v: Fraction | float, fmt: str, mode: str, saturate: bool = False) -> float:
-    """Textbook rounding of an exact rational (or a non-finite float) into ``fmt``."""
+    """Textbook rounding of an exact rational (or a non-finite float) into ``fmt``, as a float with
+    the sign of zero kept: references.round_rational on |v|, the sign put back."""
     f = parse_format(fmt)
     if isinstance(v, float) and math.isnan(v):
         return math.nan
@@ -38,22 +31,7 @@ def ref_round(v: Fraction | float, fmt: str, mode: str, saturate: bool = False) 
             return math.copysign(f.max, v)
         return v if f.has_inf else math.nan
     sign = -1 if (math.copysign(1.0, v) < 0 if isinstance(v, float) else v < 0) else 1
-    v = Fraction(v)
-    if v == 0:
-        return sign * 0.0
-    a = abs(v)
-    q = Fraction(2) ** (max(_floor_log2(a), f.emin) - f.man_bits)
-    k, rem = divmod(a, q)                       # a = k*q + rem, 0 <= rem < q
-    if mode == "nearest" and (rem * 2 > q or (rem * 2 == q and k % 2 == 1)):
-        k += 1
-    res = k * q
-    fmax = Fraction(f.max)
-    if res > fmax:
-        if mode == "toward_zero" or saturate:
-            res = fmax
-        else:
-            return sign * math.inf if f.has_inf else math.nan
-    return sign * float(res)
+    return sign * float(round_rational(abs(Fraction(v)), fmt, mode, saturate))
 
 
 def same(a: float, b: float) -> bool:

@@ -5,14 +5,7 @@ import pytest
 from kvcost.experiments import needle_cliff
 from kvcost.inputs import synthetic
 from kvcost.numerics import attention
-
-
-def _post_quant(x, bits, axis):
-    # The post's quantizer, transcribed independently of kvcost.storage.quant.
-    qmax = 2 ** (bits - 1) - 1
-    scale = np.abs(x).max(axis=axis, keepdims=True) / qmax
-    scale = np.where(scale == 0, 1.0, scale)
-    return np.clip(np.round(x / scale), -qmax, qmax) * scale
+from references import post_block2_quant
 
 
 def _post_block2_needle(seed, n, d, trials, margin, pairs):
@@ -35,7 +28,7 @@ def _post_block2_needle(seed, n, d, trials, margin, pairs):
             w = np.exp(s - s.max())
             w /= w.sum()
             out = w @ vt
-            kq, vq = _post_quant(kt, kb, 0), _post_quant(vt, vb, 1)
+            kq, vq = post_block2_quant(kt, kb, 0), post_block2_quant(vt, vb, 1)
             sq = kq @ q
             wq = np.exp(sq - sq.max())
             wq /= wq.sum()

@@ -15,15 +15,7 @@ from kvcost.inputs import synthetic
 from kvcost.numerics import attention, axis
 from kvcost.paths import repo_root
 from kvcost.storage import ggml, quant
-
-
-def post_quant(x, bits, axis_choice):
-    """The post's Block 2 quantizer, verbatim, as the reference."""
-    qmax = 2 ** (bits - 1) - 1
-    scale = np.abs(x).max(axis=axis_choice, keepdims=True) / qmax
-    scale = np.where(scale == 0, 1.0, scale)
-    return np.clip(np.round(x / scale), -qmax, qmax) * scale
-
+from references import post_block2_quant
 
 # ---------------------------------------------------------------- the post, bit for bit
 
@@ -32,8 +24,8 @@ def test_intk_symmetric_is_bit_identical_to_post(bits):
     rng = np.random.default_rng(bits)
     x = rng.normal(0, 1, (257, 64))
     x[:, ::16] *= 4.0
-    np.testing.assert_array_equal(quant.intk_roundtrip(x, bits, "token"), post_quant(x, bits, 1))
-    np.testing.assert_array_equal(quant.intk_roundtrip(x, bits, "channel"), post_quant(x, bits, 0))
+    np.testing.assert_array_equal(quant.intk_roundtrip(x, bits, "token"), post_block2_quant(x, bits, 1))
+    np.testing.assert_array_equal(quant.intk_roundtrip(x, bits, "channel"), post_block2_quant(x, bits, 0))
 
 
 def test_axis_table_reproduces_post_printed_digits():

@@ -1,9 +1,8 @@
-"""kvcost.tensorcore: the FP8 tensor-core instruction, with exact expected values and an exact
-rational reference."""
+"""kvcost.tensorcore: the FP8 tensor-core instruction, with exact expected values and the exact
+rational reference (references.mma_exact, chain_exact)."""
 import math
 from fractions import Fraction
 
-import ml_dtypes
 import numba
 import numpy as np
 import pytest
@@ -12,52 +11,9 @@ from hypothesis import strategies as st
 
 from kvcost import floats, tensorcore
 from kvcost.numerics import _jit
+from references import chain_exact, e4m3, mma_exact
 
 SET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-# ------------------------------------------------------------------ exact rational reference
-def _floor_log2(x: Fraction) -> int:
-    e = x.numerator.bit_length() - x.denominator.bit_length()
-    while Fraction(2) ** e > x:
-        e -= 1
-    while Fraction(2) ** (e + 1) <= x:
-        e += 1
-    return e
-
-
-def _cut(t: Fraction, q: Fraction, nearest: bool) -> Fraction:
-    y = t / q
-    if not nearest:
-        n = abs(y.numerator) // y.denominator
-        return (n if y >= 0 else -n) * q
-    return round(y) * q          # Python rounds Fractions half to even
-
-
-def _trunc_to(x: Fraction, man: int, emin: int) -> Fraction:
-    if x == 0:
-        return x
-    e = max(_floor_log2(abs(x)), emin)
-    return _cut(x, Fraction(2) ** (e - man), False)
-
-
-def _rn_fp32(x: Fraction) -> Fraction:
-    return Fraction(floats.round_pair(np.float64(float(x)), np.float64(float(x - Fraction(float(x)))), "fp32"))
-
-
-def mma_exact(c: float, prods: list[float], frac_bits: int = 13, rounding: str = "toward_zero",
-              out: str = "e8m13") -> Fraction:
-    terms = [Fraction(c)] + [Fraction(p) for p in prods]
-    mx = max(abs(t) for t in terms)
-    if mx == 0:
-        return Fraction(0)
-    q = Fraction(2) ** (_floor_log2(mx) - frac_bits)
-    s = sum(_cut(t, q, rounding == "nearest") for t in terms)
-    if out == "exact":
-        return s
-    if out == "fp32":
-        return _rn_fp32(s)
-    return _trunc_to(s, int(out[3:]), -126)
 
 
 # ------------------------------------------------------------------ exact expected values
@@ -160,15 +116,7 @@ def test_dot_matches_chained_exact_rationals_and_numpy_reference(a, seed, promot
     got = tensorcore.dot(aa, bb, k=k, promote_every=promote)
     assert got == tensorcore.dot_reference(aa, bb, k=k, promote_every=promote)
     # the chain, term by term, in exact rationals
-    reg, tc, since = Fraction(0), Fraction(0), 0
-    for i0 in range(0, len(a), k):
-        prods = list(aa[i0:i0 + k] * bb[i0:i0 + k])
-        tc = mma_exact(float(tc), prods)
-        since += len(prods)
-        if promote and (since >= promote or i0 + k >= len(a)):
-            reg = _rn_fp32(reg + tc)
-            tc, since = Fraction(0), 0
-    assert Fraction(got) == (reg if promote else tc)
+    assert Fraction(got) == chain_exact(aa * bb, k, promote)
 
 
 def test_dot_columns_equal_reference_and_are_independent():
@@ -203,9 +151,6 @@ def _instr32(tc, prod, wts, fb, om, ofmax):
 def test_float32_lane_instruction_equals_the_float64_one_bit_for_bit():
     rng = np.random.default_rng(11)
 
-    def e4(x):
-        return np.clip(x, -448, 448).astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
-
     def w(x):       # operand alignment weights: 2^max(floor(log2 |x|), -6), 0 for 0
         return np.where(x == 0, 0, np.exp2(np.maximum(np.floor(np.log2(np.where(x == 0, 1, np.abs(x)))), -6)))
 
@@ -214,9 +159,9 @@ def test_float32_lane_instruction_equals_the_float64_one_bit_for_bit():
         fb = int(rng.choice([2, 5, 8, 13, 16]))
         _, _, _, om, oemin, ofmax = tensorcore.out_args(f"e8m{fb}", fb)
         kk, ncol = int(rng.integers(1, 33)), int(rng.integers(1, 70))
-        a = e4(rng.standard_normal((kk, ncol)) * np.exp(rng.standard_normal((kk, ncol)) * 3))
+        a = e4m3(rng.standard_normal((kk, ncol)) * np.exp(rng.standard_normal((kk, ncol)) * 3))
         a[:, rng.random(ncol) < 0.2] = 0                    # columns with no products: tc alone
-        b = e4(rng.standard_normal((kk, ncol)) * 4)
+        b = e4m3(rng.standard_normal((kk, ncol)) * 4)
         prod = a * b
         wts = (w(a) * w(b)).astype(np.float32)
         tc = (rng.standard_normal(ncol) * np.exp(rng.standard_normal(ncol) * 6)).astype(np.float32)
