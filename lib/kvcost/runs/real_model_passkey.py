@@ -1,0 +1,90 @@
+"""Passkey retrieval on SmolLM2-135M: a resumable grid of (context, trial, variant) cells.
+
+    python scripts/real_model_passkey.py --context 1024 --trials 20 \
+        --variants exact fa3 fa3:frac_bits=7 fa3:frac_bits=4 store:q4_0
+    python -m kvcost.runs.real_model_passkey --context 1024         # the same job
+    python -m kvcost.sweep run real_model_passkey            # the whole grid as a sweep (sweeps/)
+
+Trial i of a context puts the needle at depth (i + 0.5) / trials with seed 1000 * context + i
+(kvcost.experiments.real_decoder_passkey.build_prompt). One CSV row per cell, appended as soon as a
+trial's variants are scored (data/real_model/passkey.csv): ``context, trial, depth, tokens,
+variant, success, margin, seconds``; cells already in the file are skipped. Provenance in
+passkey.json.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvcost import provenance
+from kvcost.experiments import real_decoder_passkey as pk
+from kvcost.models import decoders
+from kvcost.paths import repo_root
+from kvcost.script_args import checked, int_at_least
+
+ROOT = repo_root()
+
+OUT = ROOT / "data" / "real_model" / "passkey.csv"
+FIELDS = ["context", "trial", "depth", "tokens", "variant", "success", "margin", "seconds"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The checked command line (a sweep checks each run's flags with it before anything runs):
+    adds ``trial_list``, the trials to run."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int_at_least(256), nargs="+", required=True, help="prompt lengths in tokens")
+    ap.add_argument("--trials", type=int_at_least(1), default=20, help="trials per context: depth (i + 0.5) / trials")
+    ap.add_argument("--first-trial", type=int, default=0)
+    ap.add_argument("--only", type=int_at_least(1), default=None, help="run only this many trials from --first-trial "
+                    "(depths and seeds still those of --trials)")
+    ap.add_argument("--trial", type=int, nargs="+", default=None,
+                    help="only these trials (0-based, < --trials; a sweep runs one trial per run)")
+    ap.add_argument("--variants", type=checked(pk.parse_variant), nargs="+", default=["exact", "fa3"],
+                    help="exact, store:<fmt>, fa3[:k=v,...], fa3full[:k=v,...]")
+    ap.add_argument("--threads", type=int_at_least(1), default=2)
+    ap.add_argument("--out", type=Path, default=OUT, help="the CSV rows are appended to (provenance beside it)")
+    args = ap.parse_args(argv)
+    if not 0 <= args.first_trial < args.trials:
+        ap.error(f"--first-trial must be in [0, {args.trials}), got {args.first_trial}")
+    last = args.trials if args.only is None else min(args.trials, args.first_trial + args.only)
+    args.trial_list = list(range(args.first_trial, last))
+    if args.trial is not None:
+        if min(args.trial) < 0 or max(args.trial) >= args.trials:
+            ap.error(f"--trial: trials are numbered 0 .. {args.trials - 1} (--trials {args.trials}), got {args.trial}")
+        args.trial_list = sorted(set(args.trial))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    model, tok = decoders.load("smollm2-135m", args.threads)
+    attn = pk.FA3Attention()
+    attn.register(model)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    provenance.write_run(
+        args.out.with_suffix(".json"), started=True,
+        command="python scripts/real_model_passkey.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        versions=decoders.versions(), note={"gguf_sha256": provenance.sha256(decoders.find_gguf())})
+    done = provenance.finished_keys(args.out, [("context", int), ("trial", int), ("variant", str)])
+    with provenance.appending(args.out, FIELDS) as write:
+        for c in args.context:
+            for i in args.trial_list:
+                todo = [v for v in args.variants if (c, i, v) not in done]
+                if not todo:
+                    continue
+                depth = (i + 0.5) / args.trials
+                prompt = pk.build_prompt(tok, c, depth, seed=1000 * c + i)
+                results = pk.run_trial(model, attn, prompt, todo)
+                for v in todo:
+                    res = results[v]
+                    write({"context": c, "trial": i, "depth": depth,
+                                     "tokens": len(prompt.prefix) + len(prompt.tail), "variant": v,
+                                     "success": int(res["success"]), "margin": repr(res["margin"]),
+                                     "seconds": round(res["seconds"], 1)})
+                    print(f"context {c} trial {i} depth {depth:.3f} {v}: {res}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
