@@ -1,6 +1,7 @@
 """Notebook 06's two effects carried through a real decoder: the ``split`` passkey variant
 (kvcost.experiments.real_decoder_passkey.split_attention), on cases whose answer is known."""
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvcost.experiments import real_decoder_passkey as pk
@@ -59,3 +60,21 @@ def test_split_attention_is_exact_attention_and_removes_what_it_is_told():
     needle_part = whole - gone
     np.testing.assert_allclose(mixed, g * gone + c * needle_part, rtol=0, atol=4e-6)
     assert np.abs(needle_part).max() > 1e-3          # the needle's keys do contribute here
+
+
+def test_propagation_table_pairs_each_variant_with_exact():
+    rows = []
+    for t in range(20):
+        rows.append({"context": 1024, "trial": t, "variant": "exact", "success": 1, "margin": 2.0})
+        rows.append({"context": 1024, "trial": t, "variant": "split:needle=0", "success": 0, "margin": -3.0})
+        rows.append({"context": 1024, "trial": t, "variant": "split:haystack=0.7", "success": int(t >= 3),
+                     "margin": 1.0})
+    rows.append({"context": 1024, "trial": 0, "variant": "fa3", "success": 1, "margin": 2.0})   # not a split
+    table = pk.propagation_table(pd.DataFrame(rows)).set_index("variant")
+    assert list(table.index) == ["split:needle=0", "split:haystack=0.7"]
+    gone, shrunk = table.loc["split:needle=0"], table.loc["split:haystack=0.7"]
+    assert (gone["lost"], gone["gained"], gone["successes"], gone["changes_answer"]) == (20, 0, 0, True)
+    assert gone["margin_drop"] == 5.0 and gone["needle"] == 0.0 and gone["layer"] == "every"
+    # 3 of 20 lost is no detected change (p = 0.25); 6 lost, none gained, is the least this test can see
+    assert (shrunk["lost"], shrunk["changes_answer"], shrunk["detectable"]) == (3, False, 6)
+    assert shrunk["p_value"] == 0.25 and shrunk["haystack"] == 0.7

@@ -34,12 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from kvcost import stats
 from kvcost.models import decoders, sliding_window
 from kvcost.numerics import fa3
 
-__all__ = ["HAYSTACK", "KEYS", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention", "run_trial",
-           "split_attention"]
+__all__ = ["HAYSTACK", "KEYS", "PROPAGATION_CSV", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention",
+           "propagation_table", "run_trial", "split_attention"]
 
 #: Which rows a fast-mode variant emulates: ``tail`` (the question and the answer) or ``answer``
 #: (the last ``n_answer + 1`` rows, those whose logits are scored).
@@ -310,3 +312,39 @@ def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str
             attn.active, attn.split = False, None
             out[name] = _score(logits, prompt.tail, prompt.n_answer) | {"seconds": time.perf_counter() - t0}
     return out
+
+
+#: Where the propagation grid's rows are committed (``scripts/real_model_passkey.py --out``).
+PROPAGATION_CSV = "real_model/propagation.csv"
+
+
+def propagation_table(rows: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """The ``split`` variants of a passkey grid against exact attention on the same trials: per (context,
+    variant) the effect it applies (``haystack`` and ``needle`` gains, the ``layer`` or every layer),
+    ``successes`` of ``trials`` with the Wilson 95% ``lo``/``hi``, the discordant trials (``lost``: exact
+    answered and the variant did not; ``gained``: the reverse), the exact McNemar ``p_value``,
+    ``changes_answer`` (p below ``alpha`` with more lost than gained), the median answer-logit ``margin``
+    and its median paired drop from exact's (``margin_drop``), and ``detectable``: the fewest lost trials (none
+    gained) that would reach ``alpha`` at these ``trials`` — what "no change detected" could have seen."""
+    exact = rows[rows["variant"] == "exact"].set_index(["context", "trial"])
+    out = []
+    for (c, v), g in rows[rows["variant"] != "exact"].groupby(["context", "variant"], sort=False):
+        kind, opt = parse_variant(v)
+        if kind != "split":
+            continue
+        g = g[[(c, t) in exact.index for t in g["trial"]]]
+        ref = exact.loc[[(c, t) for t in g["trial"]]]
+        mine, theirs = g["success"].to_numpy().astype(bool), ref["success"].to_numpy().astype(bool)
+        lost, gained = int(np.sum(theirs & ~mine)), int(np.sum(mine & ~theirs))
+        k, n = int(mine.sum()), len(g)
+        lo, hi = stats.wilson(k, n)
+        p = stats.mcnemar_exact(lost, gained)
+        need = next((d for d in range(1, n + 1) if stats.mcnemar_min_p(d) < alpha), None)
+        out.append({"context": int(c), "variant": v, "haystack": opt.get("haystack", 1.0),
+                    "needle": opt.get("needle", 1.0), "layer": opt.get("layer", "every"), "trials": n,
+                    "successes": k, "lo": lo, "hi": hi, "exact_successes": int(theirs.sum()), "lost": lost,
+                    "gained": gained, "p_value": p, "changes_answer": bool(p < alpha and lost > gained),
+                    "margin": float(np.median(g["margin"])),
+                    "margin_drop": float(np.median(ref["margin"].to_numpy() - g["margin"].to_numpy())),
+                    "detectable": need})
+    return pd.DataFrame(out)
