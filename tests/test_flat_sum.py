@@ -34,7 +34,7 @@ def test_post_literal_is_the_post_code():
 def test_flat_sum_table_and_reproduction_checks():
     t = accumulator_floor.flat_sum_table([64, 256, 1024, 4096, 16384, 65536, 131072])
     assert list(t.columns) == ["n", "fp32_flat", "fp16_flat", "bf16_flat", "bf16_two_level"]
-    checks = claims.reproduction_checks(t)
+    checks = claims.printed(t)
     assert len(checks) == 7 * 4 + 3 * 2 and all(c.agrees for c in checks)
     text = accumulator_floor.post_table_text(t)
     assert "   131072    1.000000    0.015625    0.001953      1.000000" in text
@@ -42,7 +42,7 @@ def test_flat_sum_table_and_reproduction_checks():
     # a wrong value is caught
     bad = t.copy()
     bad.loc[2, "bf16_flat"] = 0.5
-    assert sum(not c.agrees for c in claims.reproduction_checks(bad)) == 1
+    assert sum(not c.agrees for c in claims.printed(bad)) == 1
 
 
 def test_errata_verdicts():
@@ -52,7 +52,7 @@ def test_errata_verdicts():
     assert v["fp161,024"].startswith("wrong") and "2,048" in v["fp161,024"]
     assert v["bf16256"] == "correct"
     assert v["bf162^-8"].startswith("wrong") and "2^-7" in v["bf162^-8"]
-    checks = claims.errata_checks(e)
+    checks = claims.errata(e)
     assert [c.agrees for c in checks].count(False) == 4
 
 

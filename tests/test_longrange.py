@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from kvcost import paths
-from kvcost.claims import accumulation_beyond_flat
+from kvcost.claims import accumulation_beyond_flat, report
 from kvcost.claims import long_range_needle as claims
 from kvcost.experiments import long_range_needle as lr
 from kvcost.inputs import extracts
@@ -95,12 +95,14 @@ def test_checks_are_computed_text(profiles):
     sc = lr.scaling_grid(p[0], [1024, 4096], [9, 11], **kw)
     rs = claims.readings(ctx, where, knobs, sc, accumulation_beyond_flat.load_published(), frac_bits=11)
     assert len(rs) == 7
-    assert all(isinstance(r.check.agrees, bool) and r.check.computed for r in rs)
-    assert set(claims.verdicts(rs)) <= {claims.HOLDS, claims.DOES_NOT_HOLD, claims.NOT_SHOWN}
-    assert "16,384" in rs[0].check.computed
+    assert all(c.kind == report.READING and c.computed for c in rs)
+    assert {c.word for c in rs} <= {*report.WORDS[report.READING], report.NOT_SHOWN}
+    assert "16,384" in rs[0].computed
     # one haystack per head cannot separate the retrieval rates: the needle reading is not shown, and says so
-    assert rs[2].status == claims.NOT_SHOWN and "not shown at n = 1" in claims.not_shown_markdown(rs)
-    assert len(claims.checks(ctx, where, knobs, sc, accumulation_beyond_flat.load_published(), frac_bits=11)) == 6
+    assert rs[2].agrees is None and rs[2].word == report.NOT_SHOWN
+    assert "not shown at n = 1" in claims.not_shown_markdown(rs)
+    v = claims.verdict(ctx, where, knobs, sc, accumulation_beyond_flat.load_published(), frac_bits=11)
+    assert len(v.readings) == 6 and "not shown at n = 1" in v.extra
     assert claims.pct(0.2345) == "23%" and claims.pct(1e-9) == "< 0.0001%"
 
 
@@ -110,17 +112,17 @@ def _needle(k_nofix: int, k_base: int, n: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-@pytest.mark.parametrize(("k_nofix", "k_base", "n", "status"), [
-    (10, 30, 30, claims.HOLDS),              # 33% [19%, 51%] below 100% [89%, 100%]
-    (26, 30, 30, claims.DOES_NOT_HOLD),      # 87% [70%, 95%]: most needles kept, not separated from 100%
-    (30, 30, 30, claims.DOES_NOT_HOLD),      # no fix as good as the reference
-    (2, 3, 3, claims.NOT_SHOWN),             # the old notebook's 2/3 = 67% [21%, 94%] against 3/3
-    (5, 6, 6, claims.NOT_SHOWN),             # 83% [44%, 97%] against 100% [61%, 100%]
+@pytest.mark.parametrize(("k_nofix", "k_base", "n", "word"), [
+    (10, 30, 30, "holds"),                   # 33% [19%, 51%] below 100% [89%, 100%]
+    (26, 30, 30, "does not hold"),           # 87% [70%, 95%]: most needles kept, not separated from 100%
+    (30, 30, 30, "does not hold"),           # no fix as good as the reference
+    (2, 3, 3, report.NOT_SHOWN),             # the old notebook's 2/3 = 67% [21%, 94%] against 3/3
+    (5, 6, 6, report.NOT_SHOWN),             # 83% [44%, 97%] against 100% [61%, 100%]
 ])
-def test_needle_reading_three_verdicts(k_nofix, k_base, n, status):
+def test_needle_reading_three_verdicts(k_nofix, k_base, n, word):
     r = claims._needle_reading(_needle(k_nofix, k_base, n))
-    assert r.status == status
-    assert f"{k_nofix}/{n} = " in r.check.computed and f"{k_base}/{n} = " in r.check.computed
+    assert r.word == word
+    assert f"{k_nofix}/{n} = " in r.computed and f"{k_base}/{n} = " in r.computed
 
 
 def test_rate_table_has_wilson_intervals():

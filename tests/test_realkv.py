@@ -119,8 +119,8 @@ def test_axis_summary_and_verdict_on_the_posts_cache_all_hold():
     summary = realkv_exp.axis_summary(k, v, by_head)
     assert summary["winner"].tolist() == summary["post_winner"].tolist()
     assert summary["per_channel_heads"].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
-    checks = realkv_claims.verdict_checks(extracts.channel_outlier_table(k, 3.0),
-                                   extracts.token_outlier_table(v, 3.0), summary)
+    checks = realkv_claims.readings(extracts.channel_outlier_table(k, 3.0), extracts.token_outlier_table(v, 3.0),
+                                    summary)
     assert len(checks) == 9 and all(c.agrees for c in checks)
     assert checks[-1].claim == "K flips from per-channel to per-token at 2 bits"
 
@@ -130,8 +130,8 @@ def test_verdict_fails_without_outliers():
     g = rng.normal(size=(2, 64, 16))          # two plain Gaussian heads
     by_head = realkv_exp.axis_by_head(g, g, [8])
     summary = realkv_exp.axis_summary(g, g, by_head)
-    checks = realkv_claims.verdict_checks(extracts.channel_outlier_table(g, 3.0),
-                                   extracts.token_outlier_table(g, 3.0), summary)
+    checks = realkv_claims.readings(extracts.channel_outlier_table(g, 3.0), extracts.token_outlier_table(g, 3.0),
+                                    summary)
     assert [c.agrees for c in checks[:2]] == [False, False]
     assert len(checks) == 4                    # no flip row without a 2-bit row
     assert checks[0].computed.startswith("0 of 2 K heads")

@@ -6,7 +6,7 @@ from kvcost.experiments import vendor_table as vendor_data
 
 
 def _by_claim(fragment):
-    (check,) = [c for c in vendor_table.checks() if fragment in c.claim]
+    (check,) = [c for c in vendor_table.errata() if fragment in c.claim]
     return check
 
 
@@ -41,7 +41,7 @@ def test_kvquant_three_bit_million_tokens_do_not_fit_an_a100():
 
 def test_weights_ratio_follows_the_parameter():
     assert _by_claim("more than 3x").agrees
-    (small,) = [c for c in vendor_table.checks(weights_gib=6.0) if "more than 3x" in c.claim]
+    (small,) = [c for c in vendor_table.errata(weights_gib=6.0) if "more than 3x" in c.claim]
     assert not small.agrees    # 16 / 6 = 2.67x
 
 

@@ -19,7 +19,7 @@ SEEDS = [1, 2, 3]
 @pytest.mark.parametrize("seed", SEEDS)
 def test_axis_readings_hold_for_every_seed(seed):
     k, v = synthetic.post_axis_cache(np.random.default_rng(seed), 1024, 128)
-    readings = axis_claims.axis_readings(axis.axis_table(k, v, [8, 4, 2]))
+    readings = axis_claims.readings(axis.axis_table(k, v, [8, 4, 2]))
     assert [c.agrees for c in readings] == [True, True, True]
 
 
@@ -29,7 +29,7 @@ def test_needle_readings_fail_for_every_seed(seed):
     table = needle_cliff.post_needle_table(seed, 1024, 64, 30, 0.5, [[8, 8], [4, 4]])
     sources = needle_cliff.error_sources(seed + 2, 1024, 64, 20, 0.5, [[8, 8], [4, 4]])
     sweep = needle_cliff.margin_sweep([0.5, 4.0], [8, 3], 40, seed=seed + 1, n_tokens=1024, head_dim=64)
-    readings = needle_claims.reading_checks(table, sources, sweep)
+    readings = needle_claims.readings(table, sources, sweep)
     assert [c.agrees for c in readings] == [False, False, False]
     # the margin reading fails by its intervals, not by a point estimate
     assert "[0.0%," in readings[0].computed
@@ -49,6 +49,6 @@ def test_real_kv_verdict_on_the_posts_synthetic_cache_holds_for_every_seed(seed)
     _, k, v = synthetic.post_stream(seed, 1024, 128)
     by_head = realkv_tables.axis_by_head(k, v, [8, 4, 2])
     summary = realkv_tables.axis_summary(k, v, by_head)
-    checks = realkv_claims.verdict_checks(extracts.channel_outlier_table(k, 3.0),
-                                          extracts.token_outlier_table(v, 3.0), summary)
+    checks = realkv_claims.readings(extracts.channel_outlier_table(k, 3.0), extracts.token_outlier_table(v, 3.0),
+                                    summary)
     assert all(c.agrees for c in checks)

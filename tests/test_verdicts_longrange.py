@@ -12,17 +12,19 @@ import pytest
 
 from kvcost.claims import accumulation_beyond_flat as beyond_flat_claims
 from kvcost.claims import long_range_needle as claims
+from kvcost.claims.report import READING, WORDS
 from kvcost.experiments import accumulation_beyond_flat
 from kvcost.experiments import long_range_needle as lr
 from kvcost.retrieval import haystacks
 
 SEEDS = [1, 2, 3]
 
+HOLDS, DOES_NOT_HOLD = WORDS[READING]
 #: The committed default run's verdicts (notebook 06) by the old share: every reading holds.
-LONGRANGE_VERDICTS = [claims.HOLDS] * 7
+LONGRANGE_VERDICTS = [HOLDS] * 7
 #: With the carried-weight retrieval run (issue 22): the needle is not dropped (the reading does not hold),
 #: the output shrinks (a reading of its own, after it), the rest as before.
-RETRIEVAL_VERDICTS = [claims.HOLDS, claims.HOLDS, claims.DOES_NOT_HOLD] + [claims.HOLDS] * 5
+RETRIEVAL_VERDICTS = [HOLDS, HOLDS, DOES_NOT_HOLD] + [HOLDS] * 5
 #: Notebook 04b's committed verdicts, row by row: the probabilistic sqrt(n)*u rule fails, and
 #: DeepSeek-V3's "nearly 2%" is matched only by the mean-1 inputs.
 BEYOND_FLAT_AGREES = [True, True, True, True, True, False, True, True, False, False, True, False, True, True]
@@ -44,7 +46,7 @@ def test_long_range_verdicts_hold_for_every_seed(picked, seed):
     scaling = pd.concat([lr.scaling_grid(h, [512, 1024, 2048, 4096, 8192], [8, 10], trials=1, **kw) for h in heads])
     readings = claims.readings(context, where, knobs, scaling, beyond_flat_claims.load_published(), frac_bits=10,
                                needle=needle)
-    assert claims.verdicts(readings) == LONGRANGE_VERDICTS
+    assert [c.word for c in readings] == LONGRANGE_VERDICTS
     # the needle reading rests on separated intervals: the no-fix rate's upper bound is below the reference's lower
     rates = lr.rate_table(needle, ["fix"]).set_index("fix")
     assert rates.loc["no fix", "hi"] < rates.loc["bf16 P, fp32 acc", "lo"]
@@ -56,7 +58,7 @@ def test_long_range_verdicts_hold_for_every_seed(picked, seed):
                             frac_bits=9)
     readings = claims.readings(context, where, knobs, scaling, beyond_flat_claims.load_published(), frac_bits=10,
                                needle=needle, retrieval=ret)
-    assert claims.verdicts(readings) == RETRIEVAL_VERDICTS
+    assert [c.word for c in readings] == RETRIEVAL_VERDICTS
     lv = claims.loss_verdicts(ret).set_index(["arch", "fix"])
     assert lv.loc[("Hopper", "no fix"), "verdict"] == "haystack shrinkage, no needle loss detected"
 
@@ -67,6 +69,6 @@ def test_beyond_flat_verdicts_hold_for_every_seed(seed):
                                     ["flat", "two_level", "pairwise", "hopper", "hopper_promoted"], d=2, seed=seed)
     flush = accumulation_beyond_flat.flush_sweep([1, 4, 64], 131072, d=2, seed=seed)
     deepseek = accumulation_beyond_flat.deepseek_check(K=4096, trials=50, frac_bits=(13,), seed=seed)
-    checks = beyond_flat_claims.beyond_flat_checks(sweep, flush, deepseek, beyond_flat_claims.load_published())
+    checks = beyond_flat_claims.printed(sweep, flush, deepseek, beyond_flat_claims.load_published())
     assert [c.agrees for c in checks] == BEYOND_FLAT_AGREES
     assert "100% [" in checks[2].computed            # rates carry their Wilson interval

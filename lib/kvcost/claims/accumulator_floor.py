@@ -6,13 +6,16 @@ import math
 import numpy as np
 import pandas as pd
 
-from kvcost.claims.report import Check, compare_table, printed_check
+from kvcost.claims.report import ERRATUM, Check, Verdict, compare_table, printed_check, untested_rows
 from kvcost.experiments.accumulator_floor import FLAT_SUM_COLUMNS, POST_ULP_MANTISSA, post_flat_sum
 from kvcost.floats import parse_format
 from kvcost.inputs import post
 from kvcost.numerics.accum import equal_terms_sum, flat_sum_limit, hopper_sum, running_sum
 
-__all__ = ["errata_checks", "errata_table", "post_n_tokens", "reproduction_checks"]
+__all__ = ["COMPANION", "errata", "errata_table", "post_n_tokens", "printed", "readings", "verdict"]
+
+#: Said under the errata's verdict.
+COMPANION = "The companion notebook `04b_accumulation_beyond_flat.ipynb` goes past flat weights."
 
 
 def post_n_tokens() -> list[int]:
@@ -84,7 +87,7 @@ def errata_table(block: int = 128) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["claim", "post", "measured", "verdict"])
 
 
-def reproduction_checks(table: pd.DataFrame) -> list[Check]:
+def printed(table: pd.DataFrame) -> list[Check]:
     """Checks of ``table`` (from :func:`kvcost.experiments.accumulator_floor.flat_sum_table`) against the
     post's printed Block 3 output, to the digits printed, for every n both have; and of the ULP lines."""
     checks = compare_table(post.flat_sum_table(), table, ["n"], {c: ".6f" for c in FLAT_SUM_COLUMNS[1:]})
@@ -95,11 +98,29 @@ def reproduction_checks(table: pd.DataFrame) -> list[Check]:
     return checks
 
 
-def errata_checks(errata: pd.DataFrame) -> list[Check]:
-    """The errata rows as :class:`Check` items (agrees when the measured verdict upholds the claim)."""
+def readings() -> list[Check]:
+    """None here: the post's claims about Block 3 are errata (:func:`errata`)."""
+    return []
+
+
+def errata(rows: pd.DataFrame) -> list[Check]:
+    """The rows of :func:`errata_table` as errata (correct when the measured verdict upholds the claim)."""
     out = []
-    for r in errata.itertuples(index=False):
+    for r in rows.itertuples(index=False):
         ok = r.verdict.startswith("correct")
         note = r.verdict.removeprefix("correct" if ok else "wrong").lstrip(",:").strip()
-        out.append(Check(r.claim, r.post, r.measured, ok, note))
+        out.append(Check(ERRATUM, r.claim, r.post, r.measured, ok, note))
     return out
+
+
+def verdict(table: pd.DataFrame | None = None, errata_rows: pd.DataFrame | None = None) -> Verdict:
+    """Notebook 04's two Verdict cells: with ``table`` (:func:`kvcost.experiments.accumulator_floor.flat_sum_table`)
+    the printed numbers of Block 3 and the rows the post did not print; with ``errata_rows``
+    (:func:`errata_table`) the errata."""
+    return Verdict(
+        printed=printed(table) if table is not None else [],
+        readings=readings(),
+        errata=errata(errata_rows) if errata_rows is not None else [],
+        untested=untested_rows(post.flat_sum_table(), table, ["n"]) if table is not None else [],
+        what="printed numbers of Block 3",
+        extra=COMPANION if errata_rows is not None else "")

@@ -1,12 +1,14 @@
 """Notebook 02's verdict: the post's axis table to the digits printed, and its three readings of it."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
-from kvcost.claims.report import Check, compare_table, untested_rows
+from kvcost.claims.report import READING, Check, Verdict, compare_table, untested_rows
 from kvcost.inputs import post
 
-__all__ = ["FP4_FINE", "axis_readings", "fp4_placement", "reproduction_checks", "untested"]
+__all__ = ["FP4_FINE", "errata", "fp4_placement", "printed", "readings", "verdict"]
 
 #: FP4 with fine scales (a scale per 16 values): NVFP4 (e4m3 scales, and vLLM's 4-over-6 choice) and SGLang's
 #: E8M0-per-16; MXFP4 (E8M0 per 32) is the coarse one. The references they are placed between.
@@ -16,19 +18,19 @@ _LOW, _HIGH = "q4_0", "fp8 e4m3 /tensor"      # scheme names (kvcost.experiments
 _KEYS = ["cache", "bits"]
 
 
-def reproduction_checks(table: pd.DataFrame) -> list[Check]:
+def printed(table: pd.DataFrame) -> list[Check]:
     """``table`` (from :func:`kvcost.experiments.axis_choice.axis_table`) against the post's printed table, for
     the rows both have. Only meaningful on the post's stream (its seed, n_tokens and head_dim)."""
     return compare_table(post.axis_table(), table, _KEYS,
                          {"per_token": ".3e", "per_channel": ".3e", "winner": "s"}, label="axis")
 
 
-def untested(table: pd.DataFrame) -> list[str]:
+def _untested(table: pd.DataFrame) -> list[str]:
     """The rows of ``table`` the post printed nothing for."""
     return untested_rows(post.axis_table(), table, _KEYS)
 
 
-def axis_readings(table: pd.DataFrame) -> list[Check]:
+def readings(table: pd.DataFrame) -> list[Check]:
     """The post's three readings of its axis table, checked against ``table`` at the widths the post
     printed (8, 4 and 2 bits). A reading whose widths were not all computed is left out: the post's
     words are about its own widths."""
@@ -46,11 +48,24 @@ def axis_readings(table: pd.DataFrame) -> list[Check]:
     def won(cache: str, bits: list[int], who: str) -> bool:
         return bool((rows(cache, bits)["winner"] == who).all())
 
-    readings = [("per-channel wins for K at 8 and 4 bits", "K", [8, 4], "per-channel"),
-                ("per-token for V at every width", "V", post_bits, "per-token"),
-                ("at 2 bits the K advantage flips", "K", [2], "per-token")]
-    return [Check(claim, who, winners(cache, bits), won(cache, bits, who))
-            for claim, cache, bits, who in readings if set(bits) <= computed]
+    said = [("per-channel wins for K at 8 and 4 bits", "K", [8, 4], "per-channel"),
+            ("per-token for V at every width", "V", post_bits, "per-token"),
+            ("at 2 bits the K advantage flips", "K", [2], "per-token")]
+    return [Check(READING, claim, who, winners(cache, bits), won(cache, bits, who))
+            for claim, cache, bits, who in said if set(bits) <= computed]
+
+
+def errata() -> list[Check]:
+    """None here: the post's axis table is checked to the digits printed (:func:`printed`)."""
+    return []
+
+
+def verdict(table: pd.DataFrame, cache_err: pd.DataFrame, tested: bool = True, changed: Sequence[str] = ()) -> Verdict:
+    """Notebook 02's verdict: ``table``'s printed numbers and readings, the rows the post did not print, and
+    (beyond the post) where FP4 with fine scales sits (:func:`fp4_placement` of ``cache_err``). ``tested``:
+    whether the run is on the post's stream (``changed``: the parameters it changes)."""
+    return Verdict(printed=printed(table), readings=readings(table), errata=errata(), untested=_untested(table),
+                   tested=tested, changed=changed, extra=fp4_placement(cache_err))
 
 
 def fp4_placement(cache_err: pd.DataFrame) -> str:

@@ -2,43 +2,27 @@
 against the FA3 emulation's tables (:mod:`kvcost.experiments.long_range_needle`). Every sentence is
 computed from the tables; published figures are read from ``data/accumulation_published.csv``.
 
-Each reading has one of three verdicts: it holds, it does not hold, or it is not shown at this
-number of haystacks (a comparison of rates whose Wilson 95% intervals overlap)."""
+Each reading holds, does not hold, or is not shown at this number of haystacks (a comparison of rates
+whose Wilson 95% intervals overlap: the check's ``agrees`` is None, its word ``report.NOT_SHOWN``)."""
 from __future__ import annotations
 
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from kvcost import stats
-from kvcost.claims.report import Check
+from kvcost.claims.report import READING, Check, Verdict
 from kvcost.experiments.long_range_needle import REFERENCE, kept_table, published_niah, rate_table
 from kvcost.retrieval.measure import KEEP
 
-__all__ = ["DOES_NOT_HOLD", "HOLDS", "NOT_SHOWN", "Reading", "checks", "loss_verdicts", "not_shown_markdown",
-           "pct", "pct_table", "readings", "scaling_fit", "threshold_table", "verdicts"]
+__all__ = ["errata", "loss_verdicts", "not_shown_markdown", "pct", "pct_table", "printed", "readings", "scaling_fit",
+           "threshold_table", "verdict"]
 
 #: The output "shrinks" when the gain's 95% interval (over heads) lies below 1 - SHRINK_TOL.
 SHRINK_TOL = 0.01
-
-HOLDS, DOES_NOT_HOLD, NOT_SHOWN = "holds", "does not hold", "not shown"
-
-
-@dataclass(frozen=True)
-class Reading:
-    """A :class:`Check` and its verdict: :data:`HOLDS`, :data:`DOES_NOT_HOLD` or :data:`NOT_SHOWN`."""
-
-    check: Check
-    status: str
-
-
-def _decided(check: Check) -> Reading:
-    return Reading(check, HOLDS if check.agrees else DOES_NOT_HOLD)
-
 
 def pct(x: float) -> str:
     """A relative error as a percentage with two significant digits (never rounding noise)."""
@@ -95,7 +79,7 @@ def scaling_fit(scaling: pd.DataFrame, level: float = 0.1) -> dict[str, float]:
     return {"spread_dex": spread, "range_dex": float(lg.max() - lg.min()), "x_at_level": x_level}
 
 
-def _needle_reading(needle: pd.DataFrame) -> Reading:
+def _needle_reading(needle: pd.DataFrame) -> Check:
     """The needle reading from retrieval rows at their longest context: holds when the no-fix rate's
     Wilson 95% interval lies below the reference kernel's; does not hold when the intervals overlap
     and the no-fix interval lies above one half (most needles are kept); not shown otherwise."""
@@ -105,23 +89,23 @@ def _needle_reading(needle: pd.DataFrame) -> Reading:
     nf, base = rates.loc["no fix"], rates.loc["bf16 P, fp32 acc"]
     gain = needle[(needle["n_tokens"] == nn) & (needle["fix"] == "no fix")]["gain"].median()
     if nf["hi"] < base["lo"]:
-        status = HOLDS
+        status = True
     elif nf["lo"] > 0.5:
-        status = DOES_NOT_HOLD
+        status = False
     else:
-        status = NOT_SHOWN
+        status = None
     each = f" ({len(per_head)} heads x {int(per_head['n'].iloc[0])})" if per_head["n"].nunique() == 1 else ""
-    return Reading(Check(
-        "At ~100k tokens a low-precision accumulator silently drops the needle", "needle lost",
+    return Check(
+        READING, "At ~100k tokens a low-precision accumulator silently drops the needle", "needle lost",
         f"n = {nn:,} tokens, needle's share within 2x of exact over {int(nf['n'])} haystacks{each}: "
         f"no fix {nf['retrieved (Wilson 95%)']}, "
         f"bf16 P with fp32 accumulation {base['retrieved (Wilson 95%)']}; no fix per head: "
         + ", ".join(f"{r['head']} {r['retrieved (Wilson 95%)']}" for _, r in per_head.iterrows())
         + f"; median gain {gain:.2f} (below 1: the output shrinks)",
-        status == HOLDS,
+        status,
         "without a fix most needles are kept (the rate's interval lies above one half) and the rate is not "
         "separated from the reference kernel's"
-        if status == DOES_NOT_HOLD else f"not shown at n = {int(nf['n'])} (the two 95% intervals overlap)"), status)
+        if status is False else f"not shown at n = {int(nf['n'])} (the two 95% intervals overlap)")
 
 
 def _mean_interval(x: pd.Series) -> tuple[float, float, float]:
@@ -174,34 +158,35 @@ def threshold_table(ret: pd.DataFrame, cuts: Sequence[float] = (0.25, 0.5, 0.75,
     return pd.DataFrame(out)
 
 
-def _retrieval_reading(ret: pd.DataFrame) -> Reading:
+def _retrieval_reading(ret: pd.DataFrame) -> Check:
     """The needle reading from a retrieval table: on Hopper without a fix, holds when the needle is lost
     (kept rate's clustered interval below the reference kernel's); does not hold when it is not and the
     kept rate's interval lies above one half; not shown otherwise."""
     lv = loss_verdicts(ret).set_index(["arch", "fix"])
     nf = lv.loc[("Hopper", "no fix")]
     if nf["needle_lost"]:
-        status = HOLDS
+        status = True
     elif nf["kept_lo"] > 0.5:
-        status = DOES_NOT_HOLD
+        status = False
     else:
-        status = NOT_SHOWN
+        status = None
     others = "; ".join(f"{a}: {r['verdict']}" for (a, f), r in lv.iterrows() if f == "no fix" and a != "Hopper")
-    return Reading(Check(
-        "At ~100k tokens a low-precision accumulator silently drops the needle", "needle lost",
+    return Check(
+        READING, "At ~100k tokens a low-precision accumulator silently drops the needle", "needle lost",
         f"by the needle's carried weight (kept within {KEEP[0]:g}-{KEEP[1]:g}x of its exact contribution): "
         f"{nf['text']} — {nf['verdict']}; reference kernel (bf16 P, fp32 accumulation) kept "
         f"{lv.loc[('Hopper', REFERENCE), 'kept']:.0%}; FA3's algorithm without a fix on the other units: {others}",
-        status == HOLDS,
+        status,
         "what the kernel loses is the haystack's mass (the gain), while the needle's own contribution is carried: "
-        "the needle is kept" if status == DOES_NOT_HOLD else
-        f"not shown at n = {int(nf['haystacks'])} haystacks over {int(nf['heads'])} heads"), status)
+        "the needle is kept" if status is False else
+        f"not shown at n = {int(nf['haystacks'])} haystacks over {int(nf['heads'])} heads")
 
 
 def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, scaling: pd.DataFrame,
              published: pd.DataFrame, frac_bits: int = 13, needle: pd.DataFrame | None = None,
-             retrieval: pd.DataFrame | None = None) -> list[Reading]:
-    """The readings for notebook 06 (see the module docstring), each with its verdict. ``retrieval``: a
+             retrieval: pd.DataFrame | None = None) -> list[Check]:
+    """The readings for notebook 06 (see the module docstring), each holding, not holding or not shown
+    (``agrees`` None). ``retrieval``: a
     retrieval table (carried weight, per GPU) that the needle reading counts; without it, the old reading by
     share on ``needle`` (default: ``context`` at its longest context)."""
     out = []
@@ -213,21 +198,21 @@ def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, sc
     nw = int(where["n_tokens"].max())
     e = {v: _med(where, "variant", v) for v in ("kernel", "exact QKᵀ", "exact l", "exact acc_o")}
     ok = e["exact acc_o"] < e["kernel"] / 5 and min(e["exact QKᵀ"], e["exact l"]) > e["kernel"] / 2
-    out.append(_decided(Check(
-        "The cliff is in the accumulator, not the storage", "the accumulator",
+    out.append(Check(
+        READING, "The cliff is in the accumulator, not the storage", "the accumulator",
         f"n = {nw:,}, median relative error of the output: FA3 FP8 kernel {pct(e['kernel'])}; with QKᵀ exact "
         f"{pct(e['exact QKᵀ'])}; with the row sum l exact {pct(e['exact l'])}; with acc_o exact "
         f"{pct(e['exact acc_o'])} (storage and the e4m3 cast of P remain in all four)",
-        bool(ok), "making acc_o exact does not remove most of the error here")))
+        bool(ok), "making acc_o exact does not remove most of the error here"))
 
     # a 4K benchmark cannot see it
     e_min = _med(context[context["n_tokens"] == nmin], "fix", "no fix")
     e_max = _med(top, "fix", "no fix")
-    out.append(_decided(Check(
-        "Test at your real maximum context. A 4K benchmark cannot see the accumulator effect",
+    out.append(Check(
+        READING, "Test at your real maximum context. A 4K benchmark cannot see the accumulator effect",
         "error grows with context", f"no fix, median error {pct(e_min)} at {nmin:,} tokens and {pct(e_max)} at "
         f"{nmax:,} ({e_max / e_min:.2g}x)", bool(e_max >= 5 * e_min),
-        "the error at the short context is already a sizeable part of the long one")))
+        "the error at the short context is already a sizeable part of the long one"))
 
     # the needle: by share (rates with Wilson intervals), and the gain
     needle = top if needle is None else needle
@@ -237,24 +222,24 @@ def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, sc
     if retrieval is not None:
         lv = loss_verdicts(retrieval).set_index(["arch", "fix"])
         hop = lv.loc[("Hopper", "no fix")]
-        out.append(_decided(Check(
-            "What the register loses without a fix is haystack mass: the output shrinks (issue 22)",
+        out.append(Check(
+            READING, "What the register loses without a fix is haystack mass: the output shrinks (issue 22)",
             "gain below 1", hop["text"], bool(hop["shrinks"]),
-            "the gain's interval over heads reaches 1")))
+            "the gain's interval over heads reaches 1"))
 
     # the fixes, beside the published accuracies
     order = ["no fix", "PR #122 every 64", "PR #122 every 4", "PR #104 every tile"]
     errs = [_med(top, "fix", f) for f in order]
     mono = all(a >= b for a, b in itertools.pairwise(errs))
     pub_txt = " / ".join(f"{pub[f]:.3g}" for f in order if f in pub.index)
-    out.append(_decided(Check(
-        "Two-level accumulation restores it; flushing less often costs accuracy (vLLM FA PR #104, PR #122)",
+    out.append(Check(
+        READING, "Two-level accumulation restores it; flushing less often costs accuracy (vLLM FA PR #104, PR #122)",
         f"NIAH at 128k: {pub_txt} (no fix / every 64 / every 4 / every tile)",
         f"model, median per-head error at {nmax:,}: " + " / ".join(pct(x) for x in errs),
         bool(mono and errs[-1] < 0.01),
-        "the model's errors are not in the published order, or the per-tile fix leaves >= 1% error")))
-    out.append(_decided(Check(
-        "vLLM, 128k NIAH on Hopper: 91% (BF16) -> 13% (FP8) -> 89% (two-level accumulation)",
+        "the model's errors are not in the published order, or the per-tile fix leaves >= 1% error"))
+    out.append(Check(
+        READING, "vLLM, 128k NIAH on Hopper: 91% (BF16) -> 13% (FP8) -> 89% (two-level accumulation)",
         f"{pub['BF16 (blog)']:.0%} -> {pub['no fix']:.0%} -> {pub['PR #104 every tile']:.0%}",
         f"per-head error at {nmax:,}: {pct(_med(top, 'fix', 'bf16 P, fp32 acc'))} (bf16 P, fp32 accumulation) -> "
         f"{pct(errs[0])} (FP8, no fix) -> {pct(errs[-1])} (PR #104)"
@@ -267,18 +252,18 @@ def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, sc
            if "PR #104 every tile" in rates.index else "")
         + "; the same direction, but a per-head output error or share is not a NIAH accuracy: no model here "
         "turns it into answers",
-        bool(errs[0] > 10 * errs[-1]), "the emulated kernel does not separate the three settings")))
+        bool(errs[0] > 10 * errs[-1]), "the emulated kernel does not separate the three settings"))
 
     # splits (why tensor-parallel size changes results, vllm issue #23813)
     sp = knobs[knobs["variant"].str.startswith("splits ")]
     if sp["variant"].nunique() >= 2:
         se = sp.groupby("variant")["rel_l2"].median()
         se = se.reindex(sorted(se.index, key=lambda v: int(v.split()[-1])))
-        out.append(_decided(Check(
-            "Split-KV changes the error (results depend on batch x KV heads per GPU, vllm issue #23813)",
+        out.append(Check(
+            READING, "Split-KV changes the error (results depend on batch x KV heads per GPU, vllm issue #23813)",
             "fewer blocks per split, less error",
             "no fix at " + f"{int(knobs['n_tokens'].max()):,}: " + ", ".join(f"{v} {pct(x)}" for v, x in se.items()),
-            bool(all(a >= b for a, b in itertools.pairwise(se.to_numpy()))))))
+            bool(all(a >= b for a, b in itertools.pairwise(se.to_numpy())))))
 
     # the scaling law, per head: the haystack's accumulation is a function of n·2^-b; heads with a
     # sink are reported beside it
@@ -289,8 +274,8 @@ def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, sc
     n_fail = fit["x_at_level"] * 2 ** frac_bits
     others = "; ".join(f"{h} (sink share {sink:.0%}): {f['spread_dex']:.2g} decades" for h, (sink, f) in fits.items()
                        if h not in quiet)
-    out.append(_decided(Check(
-        "acc_o's error is a function of n·2^-frac_bits (a narrower register at short context stands for "
+    out.append(Check(
+        READING, "acc_o's error is a function of n·2^-frac_bits (a narrower register at short context stands for "
         "13 bits at long context)", "curves collapse",
         f"{h0}: curves for frac_bits {sorted(scaling['frac_bits'].unique().tolist())} differ by at most "
         f"{fit['spread_dex']:.2g} decades where they overlap, while the error moves {fit['range_dex']:.2g} decades; "
@@ -298,25 +283,37 @@ def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, sc
            f"tokens with {frac_bits} bits" if np.isfinite(n_fail) else "the error never reaches 10% in this range")
         + (f". With an attention sink the curves spread more — {others}" if others else ""),
         bool(quiet) and all(f["spread_dex"] <= 0.3 and f["range_dex"] >= 1.0 for f in quiet.values()),
-        "the curves of a head without a sink do not collapse within a factor 2, or no such head was run")))
+        "the curves of a head without a sink do not collapse within a factor 2, or no such head was run"))
     return out
 
 
-def checks(*args: object, **kw: object) -> list[Check]:
-    """The decided readings (:func:`readings` without the not-shown ones) as checks for a verdict."""
-    return [r.check for r in readings(*args, **kw) if r.status != NOT_SHOWN]
+def printed() -> list[Check]:
+    """None here: the notebook goes beyond the post, which printed no long-context numbers."""
+    return []
 
 
-def verdicts(rs: list[Reading]) -> list[str]:
-    """Each reading's verdict, in order."""
-    return [r.status for r in rs]
+def errata() -> list[Check]:
+    """None here: the published claims are read against the emulation (:func:`readings`)."""
+    return []
 
 
-def not_shown_markdown(rs: list[Reading]) -> str:
+def not_shown_markdown(rs: Sequence[Check]) -> str:
     """Markdown for the readings not shown at this number of haystacks ("" when there are none)."""
-    miss = [r.check for r in rs if r.status == NOT_SHOWN]
+    miss = [c for c in rs if c.agrees is None]
     if not miss:
         return ""
     return "\n".join([f"**Not shown at this number of haystacks** ({len(miss)} reading"
                       f"{'s' * (len(miss) > 1)}; the 95% intervals overlap):", ""]
                      + [f"- *{c.claim}* — {c.note}: {c.computed}." for c in miss])
+
+
+def verdict(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, scaling: pd.DataFrame,
+            published: pd.DataFrame, frac_bits: int = 13, needle: pd.DataFrame | None = None,
+            retrieval: pd.DataFrame | None = None, tested: bool = True, changed: Sequence[str] = ()) -> Verdict:
+    """Notebook 06's verdict: the decided readings (:func:`readings`, same arguments), then the ones not shown
+    at this number of haystacks (:func:`not_shown_markdown`); ``tested``: whether the run is at the defaults
+    (``changed``: the parameters it changes)."""
+    rs = readings(context, where, knobs, scaling, published, frac_bits=frac_bits, needle=needle,
+                  retrieval=retrieval)
+    return Verdict(printed=printed(), readings=[c for c in rs if c.agrees is not None], errata=errata(),
+                   tested=tested, changed=changed, extra=not_shown_markdown(rs))

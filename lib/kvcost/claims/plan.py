@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from kvcost.claims.report import Check
+from kvcost.claims.report import READING, Check, Verdict
 from kvcost.experiments.plan import needle_summary, paired_worse
 from kvcost.inputs import post
 from kvcost.models import weights
@@ -14,7 +15,7 @@ from kvcost.models.registry import load_model
 from kvcost.planning import decode, gpus
 from kvcost.provenance import checked
 
-__all__ = ["FP8", "Q4", "Q8", "decode_checks", "needle_reading", "readings"]
+__all__ = ["FP8", "Q4", "Q8", "decode_checks", "errata", "needle_reading", "printed", "readings", "verdict"]
 
 FP8, Q8, Q4 = "fp8_e4m3/fp8_e4m3", "q8_0/q8_0", "q4_0/q4_0"
 
@@ -44,14 +45,14 @@ def needle_reading(needle: pd.DataFrame) -> Check:
     claim = "whether the half you keep still answers the question is not arithmetic"
     formats_there = set(exact.storage)
     if not {FP8, Q8} <= formats_there:
-        return Check(claim, "not arithmetic", "the needle was " + retrieval, True,
+        return Check(READING, claim, "not arithmetic", "the needle was " + retrieval, True,
                      "the grid has no fp8_e4m3 and q8_0 pair to test whether bytes rank the damage")
     vs_q8 = paired_worse(exact, FP8, Q8).iloc[-1]
     computed = f"fp8_e4m3 (8 bits) moved the needle's weight further than q8_0 (8.5 bits) in {vs_q8.rate} of haystacks"
     if Q4 in formats_there:
         vs_q4 = paired_worse(exact, FP8, Q4).iloc[-1]
         computed += f", and further than q4_0 (4.5 bits) in {vs_q4.rate}"
-    return Check(claim, "not arithmetic", computed, bool(vs_q8.lo > 0.5),
+    return Check(READING, claim, "not arithmetic", computed, bool(vs_q8.lo > 0.5),
                  "bytes per value do not rank the damage: fp8 at per-tensor scale 1.0 (vLLM's uncalibrated cache) "
                  "rounds every value to 3 mantissa bits, q8_0 keeps 8 bits under a per-block scale; the needle was "
                  + retrieval)
@@ -66,7 +67,7 @@ def readings(table: pd.DataFrame, needle: pd.DataFrame, post_request_tokens: int
     fmts = set(table.kv_format)
     if {"bf16/bf16", "fp8_e4m3/fp8_e4m3"} <= fmts:
         r = _ratio(table, "fp8_e4m3/fp8_e4m3")
-        out.append(Check("halving it [the cache] with one byte per value is arithmetic", "2x",
+        out.append(Check(READING, "halving it [the cache] with one byte per value is arithmetic", "2x",
                          f"fp8 holds {r.min():.3f}x to {r.max():.3f}x the tokens of bf16 over {len(r)} models",
                          bool((r.round(3) == 2.0).all())))
     if len(needle):
@@ -75,12 +76,33 @@ def readings(table: pd.DataFrame, needle: pd.DataFrame, post_request_tokens: int
     for name in printed.index:
         g = load_model(name)
         if g.max_position_embeddings is not None and post_request_tokens > g.max_position_embeddings:
-            out.append(Check(f"{name}: {printed.loc[name, 'requests_at_budget']} requests of {post_request_tokens:,} "
-                             f"tokens in 24 GiB (the post's table)", printed.loc[name, "requests_at_budget"],
+            out.append(Check(READING, f"{name}: {printed.loc[name, 'requests_at_budget']} requests of "
+                             f"{post_request_tokens:,} tokens in 24 GiB (the post's table)",
+                             printed.loc[name, "requests_at_budget"],
                              f"{post_request_tokens:,} tokens exceed {name}'s max_position_embeddings "
                              f"{g.max_position_embeddings:,}: the row counts requests the model is not trained "
                              f"to serve", False))
     return out
+
+
+def printed() -> list[Check]:
+    """None here: nothing in notebook 09 re-prints the post's numbers (notebook 01 reproduces its table)."""
+    return []
+
+
+def errata() -> list[Check]:
+    """None here: the post's words on bytes and requests are read against the plan (:func:`readings`)."""
+    return []
+
+
+def verdict(table: pd.DataFrame, needle: pd.DataFrame, changed: Sequence[str] = ()) -> Verdict:
+    """Notebook 09's verdict: the readings (:func:`readings`) in the default run; a run that ``changed``
+    parameters checks none of them, and says so."""
+    if changed:
+        return Verdict(extra=f"Run with other parameters ({', '.join(changed)}): the post's readings are checked "
+                             "in the default run only.")
+    return Verdict(printed=printed(), readings=readings(table, needle), errata=errata(),
+                   extra="Nothing here re-prints the post's numbers; notebook 01 reproduces its table.")
 
 
 def decode_checks(path: str | Path | None = None, efficiency: float = decode.DEFAULT_EFFICIENCY) -> pd.DataFrame:

@@ -1,7 +1,8 @@
 """Notebook 08's readings: published claims about KV formats set beside SmolLM2-135M's results.
 
 Each reading is a :class:`kvcost.claims.report.Check` whose ``agrees`` is computed from the
-tables of :mod:`kvcost.experiments.real_decoder`; the published numbers come from
+tables of :mod:`kvcost.experiments.real_decoder`; the printed numbers are llama.cpp's own (its
+perplexity and KL output on the same windows), against the simulated formats'; the published numbers come from
 ``data/real_model/published_claims.csv`` (first-hand citations there), never from code.
 """
 from __future__ import annotations
@@ -11,13 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvcost.claims.report import Check
+from kvcost.claims.report import PRINTED, READING, Check, Verdict
 from kvcost.experiments import real_decoder as tables
 from kvcost.paths import data_dir, data_path
 from kvcost.provenance import checked
 
-__all__ = ["MATCH_REL", "ROTATION_MOST", "layout_check", "llamacpp_checks", "load_claims", "readings",
-           "register_failure", "storage_symptom", "unit_checks"]
+__all__ = ["MATCH_REL", "ROTATION_MOST", "errata", "layout_check", "load_claims", "printed", "readings",
+           "register_failure", "storage_symptom", "verdict"]
 
 #: "matches f16 perplexity" is read as: the mean Δ perplexity from the fp16 cache is within
 #: 0.5% of the fp16 perplexity (the published example, llama.cpp issue #20977, is 0.006%).
@@ -43,7 +44,7 @@ def _interval(r: pd.Series, col: str, digits: int = 3) -> str:
     return f"{r[col]:.{digits}f} [{r[f'{col}_lo']:.{digits}f}, {r[f'{col}_hi']:.{digits}f}] over {r['windows']} windows"
 
 
-def readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int) -> list[Check]:
+def _storage_readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int) -> list[Check]:
     """The published storage claims, read on SmolLM2-135M at ``context`` tokens."""
     out = []
     q8, f16 = _row(fmt_table, context, "q8_0"), _row(fmt_table, context, "fp16")
@@ -51,7 +52,7 @@ def readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int) -> lis
         d = float(q8["dppl16"])
         rel = abs(d) / float(f16["ppl"])
         pub = claims.loc["llamacpp_issue_20977_q8_0_ppl", "value"] - claims.loc["llamacpp_issue_20977_f16_ppl", "value"]
-        out.append(Check("llama.cpp: q8_0 K/V matches f16 perplexity", f"matches (issue #20977: Δ {pub:+.3f})",
+        out.append(Check(READING, "llama.cpp: q8_0 K/V matches f16 perplexity", f"matches (issue #20977: Δ {pub:+.3f})",
                          f"q8_0 − fp16 perplexity, same windows: {_interval(q8, 'dppl16', 4)} on "
                          f"{f16['ppl']:.3f} ({rel:.3%})", rel <= MATCH_REL,
                          f"'matches' read as within {MATCH_REL:.1%} of the fp16 perplexity"))
@@ -60,7 +61,7 @@ def readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int) -> lis
                     & fmt_table["format"].str.match(r"^(q4_|iq4_nl|kivi[24])")].sort_values("dppl")
     if not low.empty:
         best = low.iloc[0]
-        out.append(Check(f"KVQuant: under {bound:g} perplexity degradation at 3 bits",
+        out.append(Check(READING, f"KVQuant: under {bound:g} perplexity degradation at 3 bits",
                          f"< {bound:g} (LLaMA-family, Wikitext-2 / C4)",
                          f"best 4-bit-or-lower format here: {best['format']} Δ {_interval(best, 'dppl')}; "
                          f"2-bit KIVI Δ {low[low['format'] == 'kivi2']['dppl'].min():.2f}",
@@ -76,7 +77,8 @@ def readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int) -> lis
                               for k in ("f16", "q4_0", "q4_0_rot"))
         theirs = (before - after) / (before - f16)
         ours = (plain["dppl16"] - rot["dppl16"]) / plain["dppl16"]          # from the fp16 cache, as theirs
-        out.append(Check("llama.cpp #21551: its rotation (PR #21038) removes most of q4_0 K/V's perplexity loss",
+        out.append(Check(READING, "llama.cpp #21551: its rotation (PR #21038) removes most of q4_0 K/V's "
+                         "perplexity loss",
                          f"{before:.4f} → {after:.4f}, f16 {f16:.4f}: {theirs:.0%} of the loss removed (Llama-2-7B, "
                          "512 tokens)",
                          f"q4_0 Δ from fp16 {_interval(plain, 'dppl16')} → {_interval(rot, 'dppl16')} with the "
@@ -111,7 +113,7 @@ def _post_rotation(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int, 
                  f"there q5_1 alone multiplied perplexity (× {b5 / a5:.1f} over the rotated cache), here it adds "
                  f"{plain['dppl']:.3f} to {plain['ppl'] - plain['dppl']:.3f}, so no rotation can divide SmolLM2's "
                  "perplexity several-fold")
-    return Check(f"The post: a Hadamard rotation takes q5_1 K/V perplexity from {before:.2f} to {after:.2f}",
+    return Check(READING, f"The post: a Hadamard rotation takes q5_1 K/V perplexity from {before:.2f} to {after:.2f}",
                  published, measured, holds, note)
 
 
@@ -134,19 +136,19 @@ def _mode_bias(modes: pd.DataFrame | None) -> str:
             f"on the same trials: the fast mode {way}")
 
 
-def llamacpp_checks(comparison: pd.DataFrame) -> list[Check]:
-    """Per format: our KL agrees with llama.cpp's excess KL (``kl_agrees``), and, with at least two
-    windows, our Δ perplexity from fp16 with llama.cpp's (``agrees``; see
-    :func:`kvcost.experiments.real_decoder.agreement`). Untestable rows are left out."""
+def printed(comparison: pd.DataFrame) -> list[Check]:
+    """llama.cpp's printed numbers against the simulated formats', per format: our KL agrees with llama.cpp's
+    excess KL (``kl_agrees``), and, with at least two windows, our Δ perplexity from fp16 with llama.cpp's
+    (``agrees``; see :func:`kvcost.experiments.real_decoder.agreement`). Untestable rows are left out."""
     out = []
     for r in comparison.itertuples():
         if r.kl_agrees is not None:
-            out.append(Check(f"{r.format} at {r.context} tokens: our KL matches llama.cpp's above its floor",
+            out.append(Check(PRINTED, f"{r.format} at {r.context} tokens: our KL matches llama.cpp's above its floor",
                              f"llama.cpp KL {r.llamacpp_kl:.4f} − floor {r.llamacpp_kl_floor:.4f}",
                              f"ours {r.ours_kl:.4f} (ratio {r.kl_ratio:.2f}, {r.windows} window(s))",
                              bool(r.kl_agrees), f"tolerance ratio within {tables.KL_REL_TOL:.0%} of 1"))
         if r.agrees is not None:
-            out.append(Check(f"{r.format} at {r.context} tokens: our Δ perplexity agrees with llama.cpp's",
+            out.append(Check(PRINTED, f"{r.format} at {r.context} tokens: our Δ perplexity agrees with llama.cpp's",
                              f"llama.cpp Δ {r.llamacpp_dppl:+.4f}", f"ours Δ {r.ours_dppl:+.4f} over {r.windows} "
                              f"windows", bool(r.agrees), f"tolerance: intervals + engine gap {r.floor:.4f}"))
     return out
@@ -163,7 +165,7 @@ def layout_check(comparison: pd.DataFrame) -> Check | None:
     tol = tables.KL_REL_TOL
     dist, dist_hf = float((both["kl_ratio"] - 1).abs().mean()), float((both["kl_ratio_hf"] - 1).abs().mean())
     worst = both.loc[(both["kl_ratio_hf"] - 1).abs().idxmax()]
-    return Check("llama.cpp keeps K in the GGUF file's channel order (RoPE pairs side by side): a block "
+    return Check(READING, "llama.cpp keeps K in the GGUF file's channel order (RoPE pairs side by side): a block "
                  "format's loss depends on which channels share a block",
                  "our KL nearer llama.cpp's with K's blocks in its order than in transformers'",
                  f"llama.cpp / ours KL ratio {both['kl_ratio'].min():.2f}–{both['kl_ratio'].max():.2f} in its "
@@ -206,7 +208,7 @@ def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bit
     if hit.empty:
         r = col.iloc[-1]
         b_min = int(r["bits_tried"].split()[0])
-        return Check(claim, published,
+        return Check(READING, claim, published,
                      f"no collapse down to frac_bits {b_min} at {int(r['context'])} tokens (exact "
                      f"{r['exact_rate']:.0%}): a {full_bits}-bit register would hold past "
                      f"{int(r['context']) * 2 ** (full_bits - b_min):,} tokens on SmolLM2 in fast mode",
@@ -218,7 +220,7 @@ def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bit
     spread = float(hit["x_c"].max() / hit["x_c"].min())
     law = (f"x_c within a factor {spread:g} across {len(hit)} contexts (the b grid resolves a factor 2)"
            if len(hit) > 1 else "one context: the law is assumed, not tested")
-    return Check(claim, published,
+    return Check(READING, claim, published,
                  f"retrieval collapses at {per}; {law}; by the scaling law a {full_bits}-bit register fails "
                  f"near {n_fail:,} tokens",
                  n_fail <= 131072,
@@ -246,13 +248,13 @@ def storage_symptom(retrieval: pd.DataFrame, claims: pd.DataFrame, alpha: float 
                      if hi_kept < lo_lost else
                      f"; the KL ranges overlap (kept up to {hi_kept:.3f}, lost from {lo_lost:.3f} nats/token): "
                      "KL alone does not decide whether the passkey is kept")
-    return Check("The post: storage quantization's symptom is drift and higher perplexity; losing the needle is "
-                 "accumulation's", str(claims.loc["post_storage_symptom", "where"]), measured, lost.empty,
+    return Check(READING, "The post: storage quantization's symptom is drift and higher perplexity; losing the "
+                 "needle is accumulation's", str(claims.loc["post_storage_symptom", "where"]), measured, lost.empty,
                  f"exact McNemar test on the same trials, Holm-corrected (Tarone) over {len(retrieval)} cells "
                  f"at family-wise {alpha:.0%}; SmolLM2-135M, RULER passkey, 1k–8k tokens")
 
 
-def unit_checks(table: pd.DataFrame, alpha: float = 0.05) -> list[Check]:
+def _unit_readings(table: pd.DataFrame, alpha: float = 0.05) -> list[Check]:
     """The FP8 kernel's passkey cells re-run on Hopper's unit bit for bit MMA-Sim against the committed grid
     (``table``: experiments.real_decoder.unit_rederivation). Non-rejection is reported as such: with n trials
     a change needs at least the discordant trials that can reach ``alpha``."""
@@ -266,7 +268,7 @@ def unit_checks(table: pd.DataFrame, alpha: float = 0.05) -> list[Check]:
         sig = plain[plain["p"] < alpha]
         n = int(plain["trials"].min())
         out.append(Check(
-            "The kernel and vLLM's fixes retrieve as on the products-only model (MMA-Sim-exact unit)",
+            READING, "The kernel and vLLM's fixes retrieve as on the products-only model (MMA-Sim-exact unit)",
             "no change", "; ".join(f"{r.variant} at {r.context:,}: {r.successes_old}/{r.trials} → "
                                    f"{r.successes_new}/{r.trials}" for r in plain.itertuples()) +
             (f"; no change detected at n = {n} per cell (a change needs {need} discordant trials one way)"
@@ -276,9 +278,51 @@ def unit_checks(table: pd.DataFrame, alpha: float = 0.05) -> list[Check]:
     if len(narrowed):
         worse = narrowed[narrowed["lost"] > narrowed["gained"]]
         out.append(Check(
+            READING,
             "Narrowing the P·V register alone loses no more than narrowing QKᵀ with it (the old grid's frac_bits)",
             "P·V alone >= both",
             "; ".join(f"{r.variant.split('=')[1]} bits at {r.context:,}: {r.successes_old} → "
                       f"{r.successes_new}/{r.trials} (p {r.p:.2g})" for r in narrowed.itertuples()),
             worse.empty, "the committed grid narrowed QKᵀ too: its collapse points rest on both registers"))
     return out
+
+
+def readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int, passkey: pd.DataFrame | None = None,
+             modes: pd.DataFrame | None = None, storage: pd.DataFrame | None = None,
+             unit: pd.DataFrame | None = None, comparison: pd.DataFrame | None = None) -> list[Check]:
+    """The published claims read on SmolLM2-135M: the storage claims at ``context`` tokens (``fmt_table``:
+    :func:`kvcost.experiments.real_decoder.format_table`, ``claims``: :func:`load_claims`); with a passkey
+    grid (``passkey``, ``modes``), where a 13-bit register would fail (:func:`register_failure`) and the
+    post's division of symptoms on the stored formats' retrieval (``storage``: :func:`storage_symptom`); with
+    ``unit`` (experiments.real_decoder.unit_rederivation), the passkey cells re-run bit for bit on Hopper's
+    unit; with ``comparison`` (experiments.real_decoder.llamacpp_comparison), whether K's channel order
+    decides the comparison (:func:`layout_check`)."""
+    out = _storage_readings(fmt_table, claims, context)
+    if passkey is not None and not passkey.empty:
+        out += [c for c in (register_failure(passkey, modes=modes),
+                            None if storage is None else storage_symptom(storage, claims)) if c is not None]
+    if unit is not None:
+        out += _unit_readings(unit)
+    order = None if comparison is None else layout_check(comparison)
+    return out + ([order] if order is not None else [])
+
+
+def errata() -> list[Check]:
+    """None here: the published claims are read on SmolLM2 (:func:`readings`), not recomputed."""
+    return []
+
+
+def verdict(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int, comparison: pd.DataFrame,
+            passkey: pd.DataFrame, modes: pd.DataFrame | None, storage: pd.DataFrame, unit: pd.DataFrame) -> Verdict:
+    """Notebook 08's verdict: llama.cpp's numbers against the simulated formats (:func:`printed`), the
+    readings (:func:`readings`, same arguments), and the runs committed behind them."""
+    engine = printed(comparison)
+    done = fmt_table.groupby("context")["windows"].agg(["min", "max"])
+    extra = ("Runs committed: " + "; ".join(f"{c} tokens: {r['min']}-{r['max']} windows per format"
+                                            for c, r in done.iterrows())
+             + f". llama.cpp: {len(comparison)} formats compared, {sum(c.agrees for c in engine)} of {len(engine)} "
+             "checks agree within the stated tolerances."
+             + (f" Passkey cells: {len(passkey)}." if not passkey.empty else " Passkey: no committed grid."))
+    return Verdict(printed=engine, readings=readings(fmt_table, claims, context, passkey, modes, storage, unit,
+                                                     comparison),
+                   errata=errata(), what="checks of simulated formats against llama.cpp", extra=extra)

@@ -1,21 +1,34 @@
 """Verdicts computed from results: each claim of the post against the number kvcost computes.
 
-A notebook's **Verdict** cell renders lists of :class:`Check` rows in three kinds, each with
-its own words: the post's *printed numbers* (reproduced / differs), its *readings* of them
-(holds / does not hold) and its *errata* (correct / wrong). When a run's parameters are not
-the post's, nothing is compared: the verdict says "not tested by the post" and shows what
-was computed. All text is built from computed values, never typed in.
+Every claims module (``kvcost.claims.<notebook stem>``) has the same four entry points:
+``printed(...)`` (published printed numbers against kvcost's), ``readings(...)`` (readings of
+published claims), ``errata(...)`` (published claims checked by computation) and ``verdict(...)``,
+which bundles them into one :class:`Verdict` for the notebook's **Verdict** cell. A
+:class:`Check` carries its kind, and its kind fixes its word: a *printed* number is
+reproduced / differs, a *reading* holds / does not hold (or is not shown, when the data
+cannot tell), an *erratum* is correct / wrong. When a run's parameters are not the post's,
+nothing is compared: the verdict says "not tested by the post" and shows what was computed.
+All text is built from computed values, never typed in.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
 __all__ = [
+    "ENTRY_POINTS",
+    "ERRATUM",
+    "KINDS",
+    "NOT_SHOWN",
     "NOT_TESTED",
+    "PRINTED",
+    "READING",
+    "WORDS",
     "Check",
+    "Verdict",
+    "as_kind",
     "checks_frame",
     "compare_table",
     "formatted",
@@ -28,35 +41,108 @@ __all__ = [
 
 NOT_TESTED = "not tested by the post"
 
+#: The three kinds of check: a number the post (or a publication) printed, a reading of a published
+#: claim, a published claim checked by computation.
+PRINTED, READING, ERRATUM = "printed", "reading", "erratum"
+KINDS = (PRINTED, READING, ERRATUM)
+#: One word per meaning: each kind's word when the check agrees, and when it does not.
+WORDS = {PRINTED: ("reproduced", "differs"), READING: ("holds", "does not hold"), ERRATUM: ("correct", "wrong")}
+#: A reading the data cannot decide (``agrees`` is None): e.g. two rates whose intervals overlap.
+NOT_SHOWN = "not shown"
+#: What every claims module exposes, named the same everywhere.
+ENTRY_POINTS = ("printed", "readings", "errata", "verdict")
+
 
 @dataclass(frozen=True)
 class Check:
-    """One claim: what was published, what kvcost computed, whether they agree, and why not."""
+    """One claim of a given ``kind``: what was published, what kvcost computed, whether they agree, and why not.
 
+    ``agrees`` is None only for a reading the data cannot decide (its word is :data:`NOT_SHOWN`).
+    """
+
+    kind: str
     claim: str
     published: str
     computed: str
-    agrees: bool
+    agrees: bool | None
     note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown kind {self.kind!r}: one of {KINDS}")
+        if self.agrees is None and self.kind != READING:
+            raise ValueError(f"only a reading can be undecided, not a {self.kind} check ({self.claim!r})")
+
+    @property
+    def word(self) -> str:
+        """The word this check's kind gives it: reproduced / differs, holds / does not hold (/ not shown),
+        correct / wrong."""
+        if self.agrees is None:
+            return NOT_SHOWN
+        return WORDS[self.kind][0 if self.agrees else 1]
+
+
+def as_kind(checks: Sequence[Check], kind: str) -> list[Check]:
+    """``checks`` re-read as ``kind`` (e.g. another notebook's errata, read as readings here)."""
+    return [replace(c, kind=kind) for c in checks]
+
+
+def _kinded(checks: Sequence[Check], kind: str, field: str) -> tuple[Check, ...]:
+    out = tuple(checks)
+    for c in out:
+        if not isinstance(c, Check) or c.kind != kind:
+            raise ValueError(f"Verdict.{field} holds {kind} checks only, not {c!r}")
+        if c.agrees is None:
+            raise ValueError(f"Verdict.{field} holds decided checks only; {c.claim!r} is not shown")
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a notebook's Verdict cell renders (:func:`verdict_markdown`).
+
+    ``printed``: printed numbers against kvcost's (each reproduced or differs), summed up as "``what``";
+    ``untested``: computed rows or claims the post reported nothing for; ``readings``: readings of
+    published claims (each holds or does not); ``errata``: published claims checked by computation
+    (each correct or wrong); ``tested=False`` when the run's parameters ``changed`` are not the post's
+    (nothing is compared; readings show what was computed); ``extra``: Markdown after the verdict.
+    """
+
+    printed: Sequence[Check] = ()
+    readings: Sequence[Check] = ()
+    errata: Sequence[Check] = ()
+    untested: Sequence[str] = ()
+    tested: bool = True
+    changed: Sequence[str] = ()
+    what: str = "printed numbers"
+    extra: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "printed", _kinded(self.printed, PRINTED, "printed"))
+        object.__setattr__(self, "readings", _kinded(self.readings, READING, "readings"))
+        object.__setattr__(self, "errata", _kinded(self.errata, ERRATUM, "errata"))
+        object.__setattr__(self, "untested", tuple(self.untested))
+        object.__setattr__(self, "changed", tuple(self.changed))
 
 
 def printed_check(claim: str, printed: str, value: object, fmt: str, note: str = "") -> Check:
-    """Agreement to the digits printed: ``format(value, fmt)`` must equal ``printed`` exactly."""
+    """A printed number, to the digits printed: ``format(value, fmt)`` must equal ``printed`` exactly."""
     computed = format(value, fmt).strip()
-    return Check(claim, printed.strip(), computed, computed == printed.strip(), note)
+    return Check(PRINTED, claim, printed.strip(), computed, computed == printed.strip(), note)
 
 
 def value_check(claim: str, published: float, computed: float, rel_tol: float = 0.0,
                 abs_tol: float = 0.0, fmt: str = "g", note: str = "") -> Check:
-    """Numeric agreement within a tolerance (exact when both tolerances are 0)."""
+    """A published number against kvcost's within a tolerance (exact when both tolerances are 0)."""
     diff = abs(float(computed) - float(published))
     agrees = diff <= max(abs_tol, rel_tol * abs(float(published)))
-    return Check(claim, format(published, fmt), format(computed, fmt), bool(agrees), note)
+    return Check(PRINTED, claim, format(published, fmt), format(computed, fmt), bool(agrees), note)
 
 
 def checks_frame(checks: Sequence[Check]) -> pd.DataFrame:
     """The checks as a table with columns claim, published, computed, agrees, note."""
-    return pd.DataFrame([asdict(c) for c in checks], columns=["claim", "published", "computed", "agrees", "note"])
+    cols = ["claim", "published", "computed", "agrees", "note"]
+    return pd.DataFrame([{k: getattr(c, k) for k in cols} for c in checks], columns=cols)
 
 
 def _keys(df: pd.DataFrame, keys: Sequence[str]) -> list[tuple[str, ...]]:
@@ -92,64 +178,57 @@ def untested_rows(printed: pd.DataFrame, computed: pd.DataFrame, keys: Sequence[
     return [" ".join(f"{k}={v}" for k, v in zip(keys, key)) for key in _keys(computed, keys) if key not in seen]
 
 
-def verdict_markdown(checks: Sequence[Check] = (), what: str = "printed numbers", readings: Sequence[Check] = (),
-                     *, errata: Sequence[Check] = (), untested: Sequence[str] = (), tested: bool = True,
-                     changed: Sequence[str] = ()) -> str:
-    """Markdown verdict: the printed numbers, the rows the post did not print, the readings, the errata.
-
-    ``checks`` compare the post's printed numbers with kvcost's (reproduced, or which differ
-    and why). ``untested`` names computed rows or claims the post reported nothing for. ``readings``
-    are claims in the post's prose, each holding or not. ``errata`` are the post's claims
-    checked by computation, each correct or wrong. ``tested=False`` (the run's parameters
-    ``changed`` are not the post's): nothing is compared; readings show what was computed.
-    """
+def verdict_markdown(verdict: Verdict) -> str:
+    """Markdown for a :class:`Verdict`: the printed numbers, the rows the post did not print, the readings,
+    the errata, then ``extra``. Each check's word is its kind's (:attr:`Check.word`)."""
+    v = verdict
     lines = ["### Verdict"]
-    if not tested:
-        params = ", ".join(f"`{c}`" for c in changed) or "the parameters"
+    if not v.tested:
+        params = ", ".join(f"`{c}`" for c in v.changed) or "the parameters"
         lines += ["", f"**{NOT_TESTED.capitalize()}**: this run changes {params} from the setting the post "
                   "reported, so nothing here is compared with the post; the tables above are what kvcost computes "
                   "for these parameters."]
-    elif checks:
+    elif v.printed:
         lines.append("")
-        n_ok = sum(c.agrees for c in checks)
-        if n_ok == len(checks):
-            lines.append(f"**Reproduced**: all {len(checks)} {what} agree with kvcost's computation.")
+        n_ok = sum(bool(c.agrees) for c in v.printed)
+        if n_ok == len(v.printed):
+            lines.append(f"**{WORDS[PRINTED][0].capitalize()}**: all {len(v.printed)} {v.what} agree with "
+                         "kvcost's computation.")
         else:
-            lines.append(f"**Differs**: {n_ok} of {len(checks)} {what} agree; these do not:")
+            lines.append(f"**{WORDS[PRINTED][1].capitalize()}**: {n_ok} of {len(v.printed)} {v.what} agree; "
+                         "these do not:")
             lines.append("")
-            for c in checks:
+            for c in v.printed:
                 if not c.agrees:
                     why = f" — {c.note}" if c.note else ""
                     lines.append(f"- {c.claim}: published `{c.published}`, kvcost computes `{c.computed}`{why}")
-    if tested and untested:
-        lines += ["", f"**{NOT_TESTED.capitalize()}**: {'; '.join(untested)}."]
-    if readings:
-        if tested:
-            n_hold = sum(c.agrees for c in readings)
-            lines += ["", f"**The post's readings**: {n_hold} of {len(readings)} hold.", ""]
+    if v.tested and v.untested:
+        lines += ["", f"**{NOT_TESTED.capitalize()}**: {'; '.join(v.untested)}."]
+    if v.readings:
+        if v.tested:
+            n_hold = sum(bool(c.agrees) for c in v.readings)
+            lines += ["", f"**The post's readings**: {n_hold} of {len(v.readings)} hold.", ""]
         else:
             lines += ["", f"**The post's readings, computed at these parameters** ({NOT_TESTED}):", ""]
-        for c in readings:
-            if tested:
-                mark = "holds" if c.agrees else "does not hold"
+        for c in v.readings:
+            if v.tested:
                 why = f" ({c.note})" if (c.note and not c.agrees) else ""
-                lines.append(f"- *{c.claim}* — {mark}: {c.computed}{why}.")
+                lines.append(f"- *{c.claim}* — {c.word}: {c.computed}{why}.")
             else:
                 lines.append(f"- *{c.claim}*: {c.computed}.")
-    if errata:
-        n_wrong = sum(not c.agrees for c in errata)
-        lines += ["", f"**Errata**: {n_wrong} of {len(errata)} of the post's claims are wrong.", ""]
-        for c in errata:
-            mark = "correct" if c.agrees else "wrong"
+    if v.errata:
+        n_wrong = sum(not c.agrees for c in v.errata)
+        lines += ["", f"**Errata**: {n_wrong} of {len(v.errata)} of the post's claims are {WORDS[ERRATUM][1]}.", ""]
+        for c in v.errata:
             why = f" ({c.note})" if c.note else ""
-            lines.append(f"- *{c.claim}* — {mark}: published `{c.published}`; computed {c.computed}{why}.")
-    return "\n".join(lines)
+            lines.append(f"- *{c.claim}* — {c.word}: published `{c.published}`; computed {c.computed}{why}.")
+    text = "\n".join(lines)
+    return text + ("\n\n" + v.extra if v.extra else "")
 
 
-def show_verdict(checks: Sequence[Check] = (), what: str = "printed numbers", extra: str = "",
-                 readings: Sequence[Check] = (), **kw: object) -> None:
+def show_verdict(verdict: Verdict) -> None:
     """Display :func:`verdict_markdown` as Markdown in a notebook (plain text elsewhere)."""
-    text = verdict_markdown(checks, what, readings, **kw) + (("\n\n" + extra) if extra else "")
+    text = verdict_markdown(verdict)
     try:
         from IPython.display import Markdown, display
     except ImportError:  # pragma: no cover - outside Jupyter

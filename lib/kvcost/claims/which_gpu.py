@@ -1,15 +1,18 @@
-"""Notebook 10's readings: the published figures beside the emulation, the law's constants, the verdict."""
+"""Notebook 10's verdict: the published figures beside the emulation, the law's constants, which kernels lose
+the needle. Its findings are not checks of the post: the verdict is computed text (``Verdict.extra``)."""
 from __future__ import annotations
 
 import itertools
 
 import pandas as pd
 
+from kvcost.claims.report import Check, Verdict
 from kvcost.experiments import long_range_needle as lr
 from kvcost.paths import data_path
 from kvcost.provenance import checked
 
-__all__ = ["HOPPER_FIXES", "beside_published", "law_reading", "statements", "verdict"]
+__all__ = ["HOPPER_FIXES", "beside_published", "errata", "law_text", "load_statements", "printed", "readings",
+           "verdict"]
 
 #: The emulated Hopper FA3 kernels that correspond to the published NIAH rows (notebook 06's fix names).
 HOPPER_FIXES = {"no fix": "FA3 FP8, no fix", "PR #104 every tile": "FA3 FP8, PR #104 (every tile)",
@@ -17,7 +20,7 @@ HOPPER_FIXES = {"no fix": "FA3 FP8, no fix", "PR #104 every tile": "FA3 FP8, PR 
                 "PR #122 every 64": "FA3 FP8, PR #122 every 64 tiles"}
 
 
-def statements() -> pd.DataFrame:
+def load_statements() -> pd.DataFrame:
     """Published statements without a number (data/which_gpu/published_statements.csv)."""
     return pd.read_csv(checked(data_path("which_gpu", "published_statements.csv")))
 
@@ -43,7 +46,7 @@ def beside_published(summ: pd.DataFrame, n: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def law_reading(fit: pd.DataFrame) -> str:
+def law_text(fit: pd.DataFrame) -> str:
     """Whether one constant c serves F = 13, 25 and 35 (their intervals overlap) and the slopes' readings."""
     parts = [f"F = {r.frac_bits}: c = {r.c:.2g} [{r.c_lo:.2g}, {r.c_hi:.2g}], slope in n {r.slope:.2f} "
              f"[{r.slope_lo:.2f}, {r.slope_hi:.2f}]" for r in fit.itertuples()]
@@ -62,9 +65,33 @@ def law_reading(fit: pd.DataFrame) -> str:
     return text
 
 
+def printed() -> list[Check]:
+    """None here: the notebook goes beyond the post; the published figures are set beside the emulation
+    (:func:`beside_published`), not compared as the same quantity."""
+    return []
+
+
+def readings() -> list[Check]:
+    """None here: the findings are the verdict's computed text (:func:`verdict`)."""
+    return []
+
+
+def errata() -> list[Check]:
+    """None here."""
+    return []
+
+
 def verdict(summ: pd.DataFrame, loss: pd.DataFrame, fit: pd.DataFrame, beside: pd.DataFrame,
-            n_pub: int) -> str:
-    """The verdict, computed: which GPU x kernel loses the needle and from which context, which show no loss
+            n_pub: int) -> Verdict:
+    """Notebook 10's verdict: no checks (:func:`printed`, :func:`readings` and :func:`errata` are empty), and
+    its findings as computed text (``extra``, :func:`_findings`)."""
+    return Verdict(printed=printed(), readings=readings(), errata=errata(),
+                   extra=_findings(summ, loss, fit, beside, n_pub))
+
+
+def _findings(summ: pd.DataFrame, loss: pd.DataFrame, fit: pd.DataFrame, beside: pd.DataFrame,
+              n_pub: int) -> str:
+    """The findings, computed: which GPU x kernel loses the needle and from which context, which show no loss
     up to the longest context run (with the loss rate they could detect), the published order beside the
     emulated one, and the law's constants."""
     lost = loss[loss["loses_at"].notna()]
@@ -99,6 +126,6 @@ def verdict(summ: pd.DataFrame, loss: pd.DataFrame, fit: pd.DataFrame, beside: p
                                                      f"{r.emulated_rel_l2:.2g}" for r in b.itertuples())
                      + f" — kept rates: {order(list(b['emulated_rate']))}; the output's error (lower for higher "
                        f"accuracy): {order([-x for x in b['emulated_rel_l2']])}.")
-    lines.append("The n·2^-F law: " + law_reading(fit))
+    lines.append("The n·2^-F law: " + law_text(fit))
     return "\n\n".join(lines)
 
