@@ -1,0 +1,219 @@
+"""Real decoder K/V: SmolLM2-135M over Pride and Prejudice, statistics of every layer and head,
+and a small extract for the notebooks (``make real-model`` runs this).
+
+    python scripts/real_model_extract.py
+    python -m kvcost.runs.real_model_extract          # the same job
+
+One forward pass over the first ``--tokens`` (2,048) tokens of data/text/pride_and_prejudice.txt
+with float32 attention. Captured per layer: K before RoPE (``k_proj``'s output), K after RoPE
+and V (what the cache stores), and the queries after RoPE (a recording attention function).
+
+Written to data/real_model/:
+
+- ``head_stats.csv``: one row per (layer, kv_head) over all tokens: for K before and after RoPE
+  the largest channel-RMS ratio, outlier and persistent channels (ratio >= 4, as the post's
+  synthetic K; kvcost.inputs.extracts.channel_outlier_table), for V the largest token-norm ratio and
+  outlier tokens (>= 6, as the post's synthetic V), and rho = RMS(V's channel means) /
+  RMS(V's channel spreads).
+- ``query_stats.csv``: one row per (layer, query head) over the last 512 query rows: median
+  score spread (std of the scaled scores q.k/sqrt(d) of a row), median weight on token 0 (the
+  sink), median weight of the largest key.
+- ``smollm2_kv.npz`` (<= 4 MiB): kvcost.inputs.extracts's file format (``k`` = K after RoPE, ``v``,
+  token arrays, ``meta``) for layers LAYERS and the first ``--keep`` tokens, plus ``k_pre``
+  (K before RoPE) and ``q`` (queries after RoPE at the last 64 kept positions, ``q_pos``), all
+  float16. ``kvcost.inputs.extracts.load_real_kv`` reads it.
+- ``smollm2_kv.json``: command, versions, date, digests of the inputs and outputs.
+
+``--model gemma3-270m`` writes the same files for Gemma 3 270M to data/real_model/gemma3_270m/
+(``gemma3_270m_kv.npz`` / ``.json``; layers GEMMA_LAYERS), its window starting with BOS as the perplexity
+runs' do, its sliding-window layers attending through kvcost.models.sliding_window's banded attention. K is seen at
+three stages there: ``k_proj``'s output (``k_pre``), after QK-norm (``k_norm``, before RoPE) and after RoPE
+(``k_post``); each row says the layer's attention type (``layer_type``: sliding or full), and a query's
+sink share (weight on token 0, BOS) is NaN in a sliding layer whose window no longer reaches token 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from kvcost import provenance
+from kvcost.inputs import extracts
+from kvcost.models import decoders, sliding_window
+from kvcost.paths import repo_root
+
+ROOT = repo_root()
+TEXT = decoders.TEXT
+OUT = ROOT / "data" / "real_model"
+LAYERS = (0, 1, 10, 20, 29)
+#: Gemma 3 270M's layers in the extract: the first sliding-window layer, the first global one, the sliding
+#: layer after it, the last (global) layer.
+GEMMA_LAYERS = (0, 5, 6, 17)
+Q_ROWS = 64
+
+
+def head_stats(k_pre: np.ndarray, k_post: np.ndarray, v: np.ndarray, k_norm: np.ndarray | None = None,
+               kinds: list[str] | None = None) -> list[dict]:
+    rows = []
+    stages = (("k_pre", k_pre), *((("k_norm", k_norm),) if k_norm is not None else ()), ("k_post", k_post))
+    tables = {name: extracts.channel_outlier_table(x, 4.0) for name, x in stages}
+    vt = extracts.token_outlier_table(v, 6.0)
+    for i, (layer, head) in enumerate(zip(vt["layer"], vt["head"])):
+        vv = v[layer, head]
+        mu, sd = vv.mean(axis=0), vv.std(axis=0)
+        row = {"layer": int(layer), "kv_head": int(head)}
+        if kinds is not None:
+            row["layer_type"] = kinds[int(layer)]
+        for name, t in tables.items():
+            row[f"{name}_max_channel_ratio"] = float(t["max_ratio"][i])
+            row[f"{name}_outlier_channels"] = int(t["outlier_channels"][i])
+            row[f"{name}_persistent_channels"] = int(t["persistent_channels"][i])
+            row[f"{name}_top_channel"] = int(t["top_channel"][i])
+        row["v_max_token_ratio"] = float(vt["max_ratio"][i])
+        row["v_outlier_tokens"] = int(vt["outlier_tokens"][i])
+        row["v_top_token"] = int(vt["top_token"][i])
+        row["rho"] = float(np.sqrt(np.mean(mu ** 2)) / np.sqrt(np.mean(sd ** 2)))
+        rows.append(row)
+    return rows
+
+
+def query_stats(q: np.ndarray, k: np.ndarray, rows: int, scaling: float | None = None,
+                windows: list[int | None] | None = None, kinds: list[str] | None = None) -> list[dict]:
+    """q (layers, 9, T, d), k (layers, 3, T, d) after RoPE: causal scores of the last ``rows`` queries
+    (scaled by ``scaling``, default 1/sqrt(d); within each layer's window where ``windows`` gives one)."""
+    n_l, hq, t, d = q.shape
+    group = hq // k.shape[1]
+    pos = np.arange(t - rows, t)
+    causal = np.arange(t)[None, :] > pos[:, None]
+    scale = 1 / np.sqrt(d) if scaling is None else scaling
+    out = []
+    for layer in range(n_l):
+        w = windows[layer] if windows is not None else None
+        mask = causal | (np.arange(t)[None, :] <= pos[:, None] - w) if w is not None else causal
+        for h in range(hq):
+            s = q[layer, h, pos] @ k[layer, h // group].T * scale
+            s = np.where(mask, np.nan, s)
+            spread = np.nanstd(s, axis=1)
+            e = np.exp(s - np.nanmax(s, axis=1, keepdims=True))
+            e = np.where(mask, 0.0, e)
+            p = e / e.sum(axis=1, keepdims=True)
+            sink = np.where(mask[:, 0], np.nan, p[:, 0])          # NaN where token 0 is out of the window
+            row = {"layer": layer, "head": h, "score_spread": float(np.median(spread)),
+                   "sink_share": float(np.nanmedian(sink)) if np.isfinite(sink).any() else float("nan"),
+                   "top_weight": float(np.median(p.max(axis=1)))}
+            out.append(row if kinds is None else {**row, "layer_type": kinds[layer]})
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The checked command line: ``--out`` defaults per model."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--keep", type=int, default=512, help="tokens kept in the extract")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", choices=list(decoders.DECODERS), default=decoders.DEFAULT_DECODER)
+    ap.add_argument("--out", type=Path, default=None, help="default data/real_model/[gemma3_270m/]")
+    args = ap.parse_args(argv)
+    dec = decoders.decoder(args.model)
+    args.out = args.out or (OUT if dec.name == decoders.DEFAULT_DECODER else OUT / dec.name.replace("-", "_"))
+    if not Q_ROWS <= args.keep <= args.tokens:
+        ap.error(f"--keep must be between {Q_ROWS} and --tokens")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dec = decoders.decoder(args.model)
+    smol = dec.name == decoders.DEFAULT_DECODER
+    stem = "smollm2_kv" if smol else f"{dec.name.replace('-', '_')}_kv"
+
+    import pandas as pd
+    import torch
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    model, tok = decoders.load(dec.name, args.threads)
+    ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:args.tokens]
+    if dec.bos_first:
+        ids = decoders.window_tokens(ids, 0, len(ids), tok.bos_token_id)
+    n_layers = model.config.num_hidden_layers
+    head_dim = model.config.head_dim if hasattr(model.config, "head_dim") else 64
+    kinds = decoders.layer_types(model)
+    k_pre, k_norm, k_post, v, q = ([None] * n_layers for _ in range(5))
+    # a custom attention name gets no masks from transformers: sliding layers need the banded attention
+    inner = sdpa_attention_forward if smol else sliding_window.BandedAttention()
+
+    def record_q(module, query, key, value, attention_mask, **kwargs):
+        q[module.layer_idx] = query[0].detach().numpy().copy()
+        return inner(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("kvcost_record", record_q)
+    model.set_attn_implementation("kvcost_record")
+
+    def record_kv(layer, key, value):
+        k_post[layer] = key[0].detach().numpy().copy()
+        v[layer] = value[0].detach().numpy().copy()
+
+    hooks = []
+    for i, lay in enumerate(model.model.layers):
+        def hook(_m, _inp, out, i=i):
+            k_pre[i] = out[0].detach().view(out.shape[1], -1, head_dim).transpose(0, 1).numpy().copy()
+        hooks.append(lay.self_attn.k_proj.register_forward_hook(hook))
+        if not smol:                                # QK-norm: K after its RMSNorm, before RoPE
+            def norm_hook(_m, _inp, out, i=i):
+                k_norm[i] = out[0].detach().numpy().copy()
+            hooks.append(lay.self_attn.k_norm.register_forward_hook(norm_hook))
+    with torch.no_grad():
+        model(torch.tensor([ids]), past_key_values=decoders.StoredCache("fp32", record=record_kv, model=model),
+              use_cache=True)
+    for h in hooks:
+        h.remove()
+    k_pre, k_post, v, q = (np.stack(x).astype(np.float64) for x in (k_pre, k_post, v, q))
+    k_norm = None if smol else np.stack(k_norm).astype(np.float64)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    hs = pd.DataFrame(head_stats(k_pre, k_post, v, k_norm, None if smol else kinds))
+    hs.to_csv(args.out / "head_stats.csv", index=False)
+    windows = None if smol else [dec.sliding_window if k == "sliding" else None for k in kinds]
+    scaling = None if smol else model.model.layers[0].self_attn.scaling
+    qs = pd.DataFrame(query_stats(q, k_post, min(512, args.tokens - 1), scaling, windows, None if smol else kinds))
+    qs.to_csv(args.out / "query_stats.csv", index=False)
+
+    keep, lay = args.keep, list(LAYERS if smol else GEMMA_LAYERS)
+    tokens = tok.convert_ids_to_tokens(ids[:keep])
+    meta = {
+        "model": dec.gguf, "dist": f"{dec.dist}=={dec.version}",
+        "gguf_sha256": decoders.sha256(decoders.gguf_path(dec.name)),
+        "text": str(TEXT.relative_to(ROOT)), "text_sha256": decoders.sha256(TEXT),
+        "forward_tokens": args.tokens, "kept_tokens": keep, "layers": lay, "q_rows": Q_ROWS,
+        "k": "K after RoPE (what the cache stores)", "k_pre": "k_proj output, before RoPE",
+        "versions": decoders.versions(dec.name),
+        **({} if smol else {"layer_types": kinds, "bos_first": True, "attention": "banded",
+                            "k_norm": "K after QK-norm, before RoPE (head_stats only)", "terms": dec.terms,
+                            "git_commit": provenance.git_commit()}),
+    }
+    arrays = {
+        "k": k_post[lay, :, :keep].astype(np.float16), "v": v[lay, :, :keep].astype(np.float16),
+        "token_ids": np.asarray(ids[:keep], dtype=np.int32), "tokens": np.asarray(tokens, dtype=np.str_),
+        "window": np.zeros(keep, dtype=np.int16), "special": np.zeros(keep, dtype=bool),
+        "meta": np.asarray(json.dumps(meta, sort_keys=True)),
+        "k_pre": k_pre[lay, :, :keep].astype(np.float16),
+        "q": q[lay, :, keep - Q_ROWS:keep].astype(np.float16),
+        "q_pos": np.arange(keep - Q_ROWS, keep, dtype=np.int32),
+    }
+    npz = args.out / f"{stem}.npz"
+    extracts.write_npz(npz, arrays)
+    provenance.write_run(
+        args.out / f"{stem}.json",
+        command="python scripts/real_model_extract.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        note={**meta, "bytes": npz.stat().st_size},
+        outputs=[npz, args.out / "head_stats.csv", args.out / "query_stats.csv"])
+    print(f"wrote {npz} ({npz.stat().st_size} bytes), head_stats.csv, query_stats.csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
