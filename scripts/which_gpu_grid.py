@@ -1,106 +1,15 @@
-"""Notebook 10's committed runs: every kernel of kvcost.numerics.kernels.KERNELS on real-profile haystacks
-at one or more contexts (``grid``), or FA3's no-fix pass at F = 13, 25, 35 kept fraction bits (``law``).
+#!/usr/bin/env python3
+"""Notebook 10's committed runs: every attention kernel on real-profile haystacks (grid), or FA3's law (law).
 
-    nice -n 10 .venv/bin/python scripts/which_gpu_grid.py --what grid      # data/which_gpu/grid.csv
-    nice -n 10 .venv/bin/python scripts/which_gpu_grid.py --what law       # data/which_gpu/law.csv
-
-``--out`` is a folder (the table is ``<what>.csv`` in it) or a ``.csv`` path (as a sweep passes it:
-sweeps/which_gpu.yaml). Rows go to ``<table>.partial.csv`` one context and kernel at a time, so an
-interrupted run resumes; at the end the table and ``<table stem>.json`` are written (command, date,
-package versions, git commit, parameters, run time and the sha256 of the table, which
-:func:`kvcost.provenance.checked` reads).
+An entry point: the job is ``kvcost.runs.which_gpu_grid``
+(``python -m kvcost.runs.which_gpu_grid --help``), with the same flags, defaults and output.
 """
-from __future__ import annotations
-
-import argparse
-import datetime
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
-import pandas as pd
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))   # a checkout without `make setup`
 
-from kvcost import provenance
-from kvcost.experiments import which_gpu as wg
-from kvcost.numerics import kernels
-from kvcost.retrieval import haystacks, measure
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", choices=["grid", "law"], default="grid")
-    ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
-    ap.add_argument("--heads", type=int, default=6, help="query heads, spread over SmolLM2's extract")
-    ap.add_argument("--trials", type=int, default=2, help="haystacks per head")
-    ap.add_argument("--needle-weight", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--phase", default="chunked prefill", choices=list(kernels.PHASES))
-    ap.add_argument("--kernels", nargs="+", default=list(kernels.KERNELS), help="labels of kernels.KERNELS")
-    ap.add_argument("--out", type=Path, default=ROOT / "data" / "which_gpu")
-    args = ap.parse_args(argv)
-    if args.trials < 1 or args.heads < 2:
-        ap.error("--trials must be positive and --heads at least 2")
-    bad = [k for k in args.kernels if k not in kernels.KERNELS]
-    if bad:
-        ap.error(f"--kernels: {bad} not among {list(kernels.KERNELS)}")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    csv = args.out if args.out.suffix == ".csv" else args.out / f"{args.what}.csv"
-    csv.parent.mkdir(parents=True, exist_ok=True)
-    heads = wg.pick_heads(args.heads)
-    d = heads[0].k.shape[1]
-    partial = csv.with_name(f"{csv.stem}.partial.csv")
-    done = pd.read_csv(partial) if partial.is_file() else pd.DataFrame()
-    t0 = time.time()
-    if args.what == "grid":
-        ks = kernels.lineup(args.kernels, phase=args.phase, head_dim=d)
-        for n in args.contexts:
-            for k in ks:
-                if len(done) and ((done["n_tokens"] == n) & (done["kernel"] == k.label)).any():
-                    continue
-                df = wg.grid([k], heads, n, args.trials, args.needle_weight, args.seed)
-                df.to_csv(partial, mode="a", header=not partial.is_file(), index=False)
-                print(f"{n} {k.label}: {time.time() - t0:.0f} s", flush=True)
-        key = ["kernel", "n_tokens", "head", "trial"]
-    else:
-        for n in args.contexts:
-            if len(done) and (done["n_tokens"] == n).any():
-                continue
-            df = wg.law_grid(heads, [n], args.trials, args.needle_weight, args.seed)
-            df.to_csv(partial, mode="a", header=not partial.is_file(), index=False)
-            print(f"{n}: {time.time() - t0:.0f} s", flush=True)
-        key = ["frac_bits", "n_tokens", "head", "trial"]
-    df = pd.read_csv(partial).drop_duplicates(key)
-    df = df[df["n_tokens"].isin(args.contexts)]          # rows of an earlier, longer run left in the partial
-    if args.what == "grid":
-        df = df[df["kernel"].isin(args.kernels)]
-    df = df.reset_index(drop=True)
-    df.to_csv(csv, index=False, lineterminator="\n")
-    src = haystacks.SOURCES["smollm2"][0]
-    prov = {"command": "nice -n 10 .venv/bin/python scripts/which_gpu_grid.py " + " ".join(
-                f"'{a}'" if " " in a else a for a in (sys.argv[1:] if argv is None else argv)),
-            "date": datetime.date.today().isoformat(), "git_commit": provenance.git_commit(), "cpus": os.cpu_count(),
-            "versions": provenance.versions(("numpy", "pandas", "ml_dtypes", "numba", "kvcost")),
-            "inputs": {src: provenance.sha256(ROOT / src), "data/attention_kernels.csv":
-                       provenance.sha256(ROOT / "data" / "attention_kernels.csv")},
-            "parameters": {"what": args.what, "contexts": args.contexts, "heads": args.heads, "trials": args.trials,
-                           "needle_weight": args.needle_weight, "seed": args.seed, "phase": args.phase,
-                           "kernels": args.kernels if args.what == "grid" else [], "keep": list(measure.KEEP),
-                           "head_labels": [h.label for h in heads]},
-            "rows": len(df), "run_seconds_this_session": round(time.time() - t0),
-            "sha256": {csv.name: provenance.sha256(csv)}}
-    csv.with_suffix(".json").write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
-    partial.unlink()
-    print(f"wrote {csv} ({len(df)} rows) and {csv.with_suffix('.json').name}")
-    return 0
-
+from kvcost.runs.which_gpu_grid import main, parse_args  # noqa: F401 (a sweep checks flags with parse_args)
 
 if __name__ == "__main__":
     raise SystemExit(main())
