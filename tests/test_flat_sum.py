@@ -1,4 +1,5 @@
-"""experiments.accumulator_floor and claims.accumulator_floor: the post's Block 3 loop, notebook 04's tables and verdict."""
+"""experiments.accumulator_floor and claims.accumulator_floor: the post's Block 3 loop, notebook 04's tables and
+verdict."""
 from __future__ import annotations
 
 from pathlib import Path
