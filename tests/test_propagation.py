@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvcost.claims import long_range_needle as claims
 from kvcost.experiments import real_decoder_passkey as pk
 
 torch = pytest.importorskip("torch")
@@ -78,3 +79,29 @@ def test_propagation_table_pairs_each_variant_with_exact():
     # 3 of 20 lost is no detected change (p = 0.25); 6 lost, none gained, is the least this test can see
     assert (shrunk["lost"], shrunk["changes_answer"], shrunk["detectable"]) == (3, False, 6)
     assert shrunk["p_value"] == 0.25 and shrunk["haystack"] == 0.7
+
+
+def _table(hay_changes: bool, removed_changes: bool = True):
+    """A propagation table with a needle removal, a needle cut, a haystack shrink and one single-layer row."""
+    base = {"context": 1024, "trials": 20, "exact_successes": 20, "gained": 0, "detectable": 6}
+
+    def row(variant, haystack, needle, layer, changes):
+        lost = 18 if changes else 1
+        return {**base, "variant": variant, "haystack": haystack, "needle": needle, "layer": layer,
+                "successes": 20 - lost, "lost": lost, "changes_answer": changes}
+
+    return pd.DataFrame([row("split:needle=0", 1.0, 0.0, "every", removed_changes),
+                         row("split:needle=0.25", 1.0, 0.25, "every", True),
+                         row("split:haystack=0.5", 0.5, 1.0, "every", hay_changes),
+                         row("split:haystack=0.5,layer=10", 0.5, 1.0, 10, False)])
+
+
+def test_propagation_reading_says_which_loss_changes_the_answer():
+    holds = claims.propagation_reading(_table(hay_changes=False))
+    assert holds.agrees is True and holds.word == "holds"
+    fails = claims.propagation_reading(_table(hay_changes=True))
+    assert fails.agrees is False and "haystack's contribution to 0.5 at every layer" in fails.note
+    assert "haystack x 0.5 at layer 10: 19/20" in fails.computed
+    # the needle removed and the answer unchanged: the test cannot tell, whatever the haystack rows say
+    blind = claims.propagation_reading(_table(hay_changes=True, removed_changes=False))
+    assert blind.agrees is None and "cannot tell" in blind.note

@@ -18,7 +18,8 @@ from kvcost.claims.report import READING, Check, Verdict
 from kvcost.experiments.long_range_needle import REFERENCE, kept_table, published_niah, rate_table
 from kvcost.retrieval.measure import KEEP
 
-__all__ = ["errata", "loss_verdicts", "not_shown_markdown", "pct", "pct_table", "printed", "readings", "scaling_fit",
+__all__ = ["errata", "loss_verdicts", "not_shown_markdown", "pct", "pct_table", "printed", "propagation_reading",
+           "readings", "scaling_fit",
            "threshold_table", "verdict"]
 
 #: The output "shrinks" when the gain's 95% interval (over heads) lies below 1 - SHRINK_TOL.
@@ -182,13 +183,61 @@ def _retrieval_reading(ret: pd.DataFrame) -> Check:
         f"not shown at n = {int(nf['haystacks'])} haystacks over {int(nf['heads'])} heads")
 
 
+def propagation_reading(table: pd.DataFrame) -> Check:
+    """Does the haystack's shrinkage alone change a real decoder's answer, or only the needle's loss?
+
+    ``table``: :func:`kvcost.experiments.real_decoder_passkey.propagation_table` (SmolLM2-135M's passkey with
+    the needle's and the haystack's attention contributions scaled apart). The reading "only the needle's loss
+    changes the answer" holds when some needle cut at every layer changes the answer and no haystack
+    shrinkage at every layer does; it does not hold when a haystack shrinkage does; it is not shown when
+    removing the needle (the case whose answer is known) does not change the answer — then the test cannot
+    tell — or when no row decides."""
+    every = table[table["layer"].astype(str) == "every"]
+    hay = every[(every["needle"] == 1.0) & (every["haystack"] < 1.0)].sort_values("haystack")
+    cut = every[(every["haystack"] == 1.0) & (every["needle"] < 1.0)].sort_values("needle")
+    one = table[table["layer"].astype(str) != "every"]
+
+    def row(r: pd.Series, what: str) -> str:
+        change = "changes the answer" if r["changes_answer"] else (
+            f"no change detected (a change needs {int(r['detectable'])}+ lost trials)")
+        return (f"{what}: {int(r['successes'])}/{int(r['trials'])} (exact {int(r['exact_successes'])}/"
+                f"{int(r['trials'])}; {int(r['lost'])} lost, {int(r['gained'])} gained; {change})")
+
+    removed = cut[cut["needle"] == 0.0]
+    parts = [row(r, f"needle x {r['needle']:g} at every layer") for _, r in cut.iterrows()]
+    parts += [row(r, f"haystack x {r['haystack']:g} at every layer") for _, r in hay.iterrows()]
+    parts += [row(r, f"haystack x {r['haystack']:g} at layer {r['layer']}") for _, r in one.iterrows()]
+    if removed.empty or not bool(removed["changes_answer"].all()):
+        status = None
+    elif bool(hay["changes_answer"].any()):
+        status = False
+    else:
+        status = True if bool(cut["changes_answer"].any()) else None
+    n = int(table["context"].max()) if len(table) else 0
+    worst = hay[hay["changes_answer"]]
+    if status is False:
+        note = (f"shrinking the haystack's contribution to {worst['haystack'].max():g} at every layer changes the "
+                "answer with the needle intact: the gain the kernel loses is not harmless once every layer loses it "
+                f"(at one layer no change is detected at n = {int(one['trials'].max()) if len(one) else 0})")
+    elif removed.empty or not bool(removed["changes_answer"].all()):
+        note = "removing the needle did not change the answer, so this test cannot tell"
+    else:
+        note = "no needle cut changed the answer"
+    return Check(
+        READING, "What the FP8 kernel loses is haystack mass, not the needle, so the answer survives; only losing "
+        "the needle changes it (issue 22, carried through SmolLM2-135M's layers)", "only the needle's loss matters",
+        f"passkey at {n:,} tokens, question and answer rows attending exactly with the needle sentence's and the "
+        "rest's contributions scaled apart — " + "; ".join(parts), status, note)
+
+
 def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, scaling: pd.DataFrame,
              published: pd.DataFrame, frac_bits: int = 13, needle: pd.DataFrame | None = None,
-             retrieval: pd.DataFrame | None = None) -> list[Check]:
+             retrieval: pd.DataFrame | None = None, propagation: pd.DataFrame | None = None) -> list[Check]:
     """The readings for notebook 06 (see the module docstring), each holding, not holding or not shown
     (``agrees`` None). ``retrieval``: a
     retrieval table (carried weight, per GPU) that the needle reading counts; without it, the old reading by
-    share on ``needle`` (default: ``context`` at its longest context)."""
+    share on ``needle`` (default: ``context`` at its longest context). ``propagation``: the real decoder's
+    split-attention table (:func:`propagation_reading`), read last."""
     out = []
     nmax, nmin = int(context["n_tokens"].max()), int(context["n_tokens"].min())
     top = context[context["n_tokens"] == nmax]
@@ -284,6 +333,8 @@ def readings(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, sc
         + (f". With an attention sink the curves spread more — {others}" if others else ""),
         bool(quiet) and all(f["spread_dex"] <= 0.3 and f["range_dex"] >= 1.0 for f in quiet.values()),
         "the curves of a head without a sink do not collapse within a factor 2, or no such head was run"))
+    if propagation is not None and len(propagation):
+        out.append(propagation_reading(propagation))
     return out
 
 
@@ -309,11 +360,12 @@ def not_shown_markdown(rs: Sequence[Check]) -> str:
 
 def verdict(context: pd.DataFrame, where: pd.DataFrame, knobs: pd.DataFrame, scaling: pd.DataFrame,
             published: pd.DataFrame, frac_bits: int = 13, needle: pd.DataFrame | None = None,
-            retrieval: pd.DataFrame | None = None, tested: bool = True, changed: Sequence[str] = ()) -> Verdict:
+            retrieval: pd.DataFrame | None = None, propagation: pd.DataFrame | None = None, tested: bool = True,
+            changed: Sequence[str] = ()) -> Verdict:
     """Notebook 06's verdict: the decided readings (:func:`readings`, same arguments), then the ones not shown
     at this number of haystacks (:func:`not_shown_markdown`); ``tested``: whether the run is at the defaults
     (``changed``: the parameters it changes)."""
     rs = readings(context, where, knobs, scaling, published, frac_bits=frac_bits, needle=needle,
-                  retrieval=retrieval)
+                  retrieval=retrieval, propagation=propagation)
     return Verdict(printed=printed(), readings=[c for c in rs if c.agrees is not None], errata=errata(),
                    tested=tested, changed=changed, extra=not_shown_markdown(rs))

@@ -31,7 +31,8 @@ from kvcost.paths import data_path, repo_path
 from kvcost.provenance import checked
 from kvcost.storage.spec import CacheSpec, parse_spec
 
-__all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "fast_vs_faithful",
+__all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "engine_order",
+           "fast_vs_faithful",
            "fast_vs_faithful_summary", "format_table", "head_summary", "structure_by_layer_type",
            "layout_comparison", "live_slice",
            "llamacpp_comparison", "collapse_table",
@@ -111,20 +112,29 @@ def format_table(df: pd.DataFrame, min_windows: int = 1) -> pd.DataFrame:
     window), ``dppl16`` (minus the fp16 cache's), ``kl`` (nats,
     from the fp32 cache) and ``top1`` (agreement with the fp32 cache); the intervals of ppl, kl
     and top1 are clipped to what they can be (ppl >= 1, kl >= 0, top1 in [0, 1]). Formats with
-    fewer than ``min_windows`` windows are dropped. Sorted by context, then mean KL."""
+    fewer than ``min_windows`` windows are dropped. ``k_order``: the channel order K's blocks are cut in
+    (``gguf``, llama.cpp's, the default; ``hf``, transformers' and vLLM's, the ``@hf`` formats; ``any`` for a
+    format without blocks of channels) and ``rotated``:
+    whether the spec rotates K and V (``+hadamard``), both read from the parsed spec; ``engine_order``
+    (:func:`engine_order`): whether the row is measured as the engine that ships the format lays K out. Sorted
+    by context, then mean KL."""
     rows = []
     for (c, fmt), g in _per_window(df).groupby(["context", "format"], sort=False):
         if len(g) < min_windows:
             continue
-        row = {"context": int(c), "format": fmt, "windows": len(g), "tokens": int(g["n"].sum())}
+        spec = _spec(fmt)
+        row = {"context": int(c), "format": fmt,
+               "k_order": spec.k_order or ("gguf" if spec.k_format.channel_blocks else "any"),
+               "engine_order": engine_order(spec), "rotated": spec.rotation is not None, "windows": len(g),
+               "tokens": int(g["n"].sum())}
         for col in ("ppl", "dppl", "dppl16", "kl", "top1"):
             m, lo, hi = _t_interval(g[col].to_numpy())
             if col in _RANGE:                           # a t interval can reach past what the quantity can be
                 lo, hi = max(lo, _RANGE[col][0]), min(hi, _RANGE[col][1])
             row.update({col: m, f"{col}_lo": lo, f"{col}_hi": hi})
         rows.append(row)
-    cols = ["context", "format", "windows", "tokens"] + [f"{c}{s}" for c in ("ppl", "dppl", "dppl16", "kl", "top1")
-                                                         for s in ("", "_lo", "_hi")]
+    cols = ["context", "format", "k_order", "engine_order", "rotated", "windows", "tokens"] + [
+        f"{c}{s}" for c in ("ppl", "dppl", "dppl16", "kl", "top1") for s in ("", "_lo", "_hi")]
     return pd.DataFrame(rows, columns=cols).sort_values(["context", "kl", "format"], ignore_index=True)
 
 
@@ -236,6 +246,18 @@ def passkey_pivot(table: pd.DataFrame) -> pd.DataFrame:
     out = table.pivot(index="variant", columns="context", values="text").reindex(order).fillna("")
     out.columns = [f"{c} tokens" for c in out.columns]
     return out
+
+
+def engine_order(spec: CacheSpec) -> bool:
+    """Whether ``spec`` cuts K's blocks in the channel order of the engine that ships K's format: llama.cpp's
+    (the GGUF file's, the default) for a format llama.cpp has, the model's own (``@hf``: vLLM and SGLang keep
+    transformers' order) for a blocked format it lacks; any order for formats without blocks of channels,
+    where the order changes nothing."""
+    k = spec.k_format
+    if not k.channel_blocks:
+        return True
+    in_llamacpp = any(engine == "llama.cpp" for engine, _ in k.engines)
+    return (spec.k_order == "hf") != in_llamacpp
 
 
 def _spec(fmt: str) -> CacheSpec:

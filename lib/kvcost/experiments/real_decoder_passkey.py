@@ -39,9 +39,11 @@ import pandas as pd
 from kvcost import stats
 from kvcost.models import decoders, sliding_window
 from kvcost.numerics import fa3
+from kvcost.paths import data_path
+from kvcost.provenance import checked
 
 __all__ = ["HAYSTACK", "KEYS", "PROPAGATION_CSV", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention",
-           "propagation_table", "run_trial", "split_attention"]
+           "committed_propagation", "propagation_table", "run_trial", "split_attention"]
 
 #: Which rows a fast-mode variant emulates: ``tail`` (the question and the answer) or ``answer``
 #: (the last ``n_answer + 1`` rows, those whose logits are scored).
@@ -316,6 +318,12 @@ def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str
 
 #: Where the propagation grid's rows are committed (``scripts/real_model_passkey.py --out``).
 PROPAGATION_CSV = "real_model/propagation.csv"
+
+
+def committed_propagation() -> pd.DataFrame:
+    """The committed propagation grid (:data:`PROPAGATION_CSV`, its sha256 checked): one row per (context,
+    trial, variant), as the passkey grid's."""
+    return pd.read_csv(checked(data_path(*PROPAGATION_CSV.split("/"))))
 
 
 def propagation_table(rows: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
