@@ -2,6 +2,7 @@
 job writes its provenance through ``kvcost.provenance.write_run``."""
 import ast
 import gzip
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -15,6 +16,7 @@ import pytest
 from kvcost import provenance
 from kvcost.paths import repo_root
 from kvcost.runs.extract_real_kv import NOVELS, read_novel
+from kvcost.sweep import spec as sweep_spec
 
 ROOT = repo_root()
 SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
@@ -147,3 +149,17 @@ def test_the_shared_r_reader_reads_a_lazy_load_data_base(tmp_path):
     (tmp_path / "Rdata.rdx").write_bytes(gzip.compress(_xdr(_list([_list(index)]))))
     for name in ("prideprejudice", "emma"):
         assert read_novel(tmp_path / "Rdata", name) == novels[name]
+
+
+def test_a_script_sweeps_key_follows_its_job_module(tmp_path):
+    """A thin script's text does not change when its job's logic does: the run key hashes both."""
+    script = ROOT / "scripts" / "plan_needle.py"
+    job = ROOT / "lib" / "kvcost" / "runs" / "plan_needle.py"
+    expect = hashlib.sha256(script.read_bytes())
+    expect.update(job.read_bytes())
+    assert sweep_spec.script_hash(script) == expect.hexdigest()
+    assert sweep_spec.script_hash(script) != hashlib.sha256(script.read_bytes()).hexdigest()
+    odd = tmp_path / "odd.py"
+    odd.write_text("from kvcost.runs.no_such_job import main\n")
+    with pytest.raises(ValueError, match="no_such_job"):
+        sweep_spec.script_hash(odd)

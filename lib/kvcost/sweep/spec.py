@@ -41,6 +41,7 @@ import io
 import itertools
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,7 @@ from kvcost.params import clip, shorten
 from kvcost.paths import repo_root
 from kvcost.runner import check_params, load_yaml, notebook_path, run_key, script_argv, source_hash
 
-__all__ = ["MAX_RUNS", "Run", "Sweep", "available", "describe", "expand", "load", "sweeps_dir"]
+__all__ = ["MAX_RUNS", "Run", "Sweep", "available", "describe", "expand", "load", "script_hash", "sweeps_dir"]
 
 #: The most runs one sweep may have (checked before the grid is built).
 MAX_RUNS = 100_000
@@ -206,7 +207,7 @@ def load(name_or_path: str | Path, *, scripts: Iterable[str | Path] = (), check_
     if "publish" in data:
         sweep.publish, sweep.publish_key = _publish(data["publish"], sweep, where)
     if sweep.kind == "script":
-        nb_hash = hashlib.sha256(nb.read_bytes()).hexdigest()
+        nb_hash = script_hash(nb)
         check = _script_checker(nb, where) if check_scripts else lambda params: None
     else:
         nb_hash = source_hash(nb)
@@ -223,6 +224,19 @@ def load(name_or_path: str | Path, *, scripts: Iterable[str | Path] = (), check_
         first[key] = i
         sweep.runs.append(Run(i, params, key))
     return sweep
+
+
+def script_hash(script: Path) -> str:
+    """SHA-256 of a sweep's script and of every ``kvcost.runs`` job it imports: ``scripts/`` are thin entry
+    points, so a change to what a run computes is a change to its job's module, and must change the run's key
+    (a finished run is redone) as a change to the script does."""
+    h = hashlib.sha256(script.read_bytes())
+    for mod in sorted(set(re.findall(r"^from (kvcost\.runs\.\w+) import", script.read_text(), flags=re.M))):
+        spec = importlib.util.find_spec(mod)
+        if spec is None or spec.origin is None:
+            raise ValueError(f"script {script.name} imports {mod}, which is not a module of this kvcost")
+        h.update(Path(spec.origin).read_bytes())
+    return h.hexdigest()
 
 
 def _is_file(path: Path) -> bool:
