@@ -1,7 +1,8 @@
 """The parameter schemas: every notebook's defaults validate, bad values name the parameter."""
+import pandas as pd
 import pytest
 
-from kvcost import notebook_params, params
+from kvcost import notebook_params, output, params
 
 
 @pytest.mark.parametrize("stem", notebook_params.stems())
@@ -62,3 +63,11 @@ def test_schema_rejects_duplicate_names():
 def test_schema_table_lists_post_values():
     rows = {r["name"]: r for r in notebook_params.get("03").table()}
     assert rows["margin"]["post"] == "0.5" and rows["sweep_trials"]["post"] == ""
+
+
+def test_validating_parameters_creates_no_folder(tmp_path):
+    out = tmp_path / "not" / "yet"
+    p = notebook_params.get("01_sizing").validate({"out_dir": str(out)})
+    assert p.out == out and not out.exists()            # validating writes nothing
+    output.write_table(pd.DataFrame({"a": [1]}), p.out, "t.csv")
+    assert (out / "t.csv").read_text() == "a\n1\n"      # the first table creates the folder

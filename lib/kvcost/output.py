@@ -16,7 +16,8 @@ FIGURE_DIR_ENV = "KVCOST_FIGURE_DIR"   # set by the runner and sweeps: where a r
 
 
 def resolve_out_dir(out_dir: str | Path | None, stem: str) -> Path:
-    """Resolve a notebook's ``out_dir`` parameter and create the folder.
+    """Resolve a notebook's ``out_dir`` parameter (nothing is created: validating parameters writes
+    nothing; :func:`write_table` creates the folder when a table is written).
 
     Empty or ``None`` means ``results/<stem>/``; a relative path is taken relative to the
     repository root (docs/notebooks.md), whatever the working directory is.
@@ -26,12 +27,13 @@ def resolve_out_dir(out_dir: str | Path | None, stem: str) -> Path:
     path = Path(out_dir) if out_dir else Path("results") / stem
     if not path.is_absolute():
         path = repo_root() / path
-    path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def write_table(df: pd.DataFrame, out_dir: Path, filename: str) -> Path:
-    """Write ``df`` as CSV at full precision (floats round-trip exactly; no display rounding)."""
+    """Write ``df`` as CSV at full precision (floats round-trip exactly; no display rounding), creating
+    ``out_dir`` if needed."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     path = Path(out_dir) / filename
     df.to_csv(path, index=False, float_format=None, lineterminator="\n")
     return path

@@ -241,7 +241,7 @@ def run_key(nb_hash: str, params: Mapping[str, Any]) -> str:
 
 def check_params(stem: str, params: Mapping[str, Any], out: str | Path | None = None) -> None:
     """Raise ValueError naming any parameter the notebook does not declare, or any bad value,
-    checked against the notebook's schema (``out``, the run's folder, is created)."""
+    checked against the notebook's schema (nothing is created)."""
     schema = notebook_params.get(stem)
     schema.check_unknown(params)
     if "out_dir" in params:
