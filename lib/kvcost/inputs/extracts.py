@@ -23,7 +23,8 @@ from kvcost.paths import repo_path
 from kvcost.provenance import checked
 
 __all__ = [
-    "DEFAULT_PATH", "RealKV", "as4d", "channel_heatmap", "channel_outlier_table", "channel_ratio", "channel_rms",
+    "DEFAULT_PATH", "RealKV", "as4d", "channel_heatmap", "channel_mean_ratio", "channel_outlier_table",
+    "channel_ratio", "channel_rms",
     "channel_typical_ratio", "load_real_kv", "save_real_kv", "structure_table", "token_norm_ratio",
     "token_outlier_share", "token_outlier_table", "top_outlier_tokens", "without_special", "write_npz",
 ]
@@ -164,6 +165,14 @@ def without_special(kv: RealKV) -> RealKV:
 
 
 # ---------------------------------------------------------------------------- channels
+
+def channel_mean_ratio(v: np.ndarray) -> float:
+    """ρ of one head's values ``v`` (tokens, head_dim): the RMS of V's channel means over the RMS of its
+    channel spreads (standard deviations over tokens). Large ρ: the values share a mean that a low-precision
+    sum of many of them must carry (notebook 06's haystacks hold it as the real head's)."""
+    mu, sd = v.mean(axis=0), v.std(axis=0)
+    return float(np.sqrt(np.mean(mu ** 2)) / np.sqrt(np.mean(sd ** 2)))
+
 
 def channel_rms(x: np.ndarray) -> np.ndarray:
     """Each channel's RMS over tokens: ``(..., tokens, channels)`` -> ``(..., channels)``."""

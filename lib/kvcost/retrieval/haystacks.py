@@ -99,7 +99,7 @@ def head_profiles(kv: extracts.RealKV) -> list[HeadProfile]:
         for head in range(kv.k.shape[1]):
             v = kv.v[layer, head][keep]
             mu, sd = v.mean(axis=0), v.std(axis=0)
-            rho = float(np.sqrt(np.mean(mu ** 2)) / np.sqrt(np.mean(sd ** 2)))
+            rho = extracts.channel_mean_ratio(v)
             spreads, sinks = [], []
             for w in np.unique(kv.window):
                 idx = np.flatnonzero(kv.window == w)
@@ -130,7 +130,7 @@ def decoder_profiles(kv: extracts.RealKV, query_stats: pd.DataFrame) -> list[Hea
         for h in range(n_kv):
             v = kv.v[li, h]
             mu, sd = v.mean(axis=0), v.std(axis=0)
-            rho = float(np.sqrt(np.mean(mu ** 2)) / np.sqrt(np.mean(sd ** 2)))
+            rho = extracts.channel_mean_ratio(v)
             mine = qs[(qs["head"] // group) == h]
             out.append(HeadProfile(int(layer), h, rho, float(mine["score_spread"].median()),
                                    float(mine["sink_share"].median()), mu, sd))

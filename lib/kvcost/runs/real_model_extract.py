@@ -63,7 +63,6 @@ def head_stats(k_pre: np.ndarray, k_post: np.ndarray, v: np.ndarray, k_norm: np.
     vt = extracts.token_outlier_table(v, 6.0)
     for i, (layer, head) in enumerate(zip(vt["layer"], vt["head"])):
         vv = v[layer, head]
-        mu, sd = vv.mean(axis=0), vv.std(axis=0)
         row = {"layer": int(layer), "kv_head": int(head)}
         if kinds is not None:
             row["layer_type"] = kinds[int(layer)]
@@ -75,7 +74,7 @@ def head_stats(k_pre: np.ndarray, k_post: np.ndarray, v: np.ndarray, k_norm: np.
         row["v_max_token_ratio"] = float(vt["max_ratio"][i])
         row["v_outlier_tokens"] = int(vt["outlier_tokens"][i])
         row["v_top_token"] = int(vt["top_token"][i])
-        row["rho"] = float(np.sqrt(np.mean(mu ** 2)) / np.sqrt(np.mean(sd ** 2)))
+        row["rho"] = extracts.channel_mean_ratio(vv)
         rows.append(row)
     return rows
 
