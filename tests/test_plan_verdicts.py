@@ -19,7 +19,7 @@ POST_MODELS = ["Llama-3.1-8B", "Qwen3-8B", "Mistral-7B-v0.1", "gpt-oss-20b", "Ll
 
 @pytest.fixture(scope="module")
 def committed():
-    return plan_exp.committed_needle()
+    return plan_exp.committed_format_needle()
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +58,13 @@ def test_committed_needle_refuses_a_changed_table_and_other_parameters(committed
     folder = tmp_path / "plan_needle"
     shutil.copytree(plan_exp.NEEDLE_DIR, folder)
     with pytest.raises(ValueError, match="needle_weight"):
-        plan_exp.committed_needle(folder, needle_weight=0.05)
+        plan_exp.committed_format_needle(folder, needle_weight=0.05)
     with pytest.raises(ValueError, match="seed"):
-        plan_exp.committed_needle(folder, seed=3)
+        plan_exp.committed_format_needle(folder, seed=3)
     csv = folder / "needle.csv"
     csv.write_text(csv.read_text().replace("True", "False", 1))
     with pytest.raises(ValueError, match="sha256"):
-        plan_exp.committed_needle(folder)
+        plan_exp.committed_format_needle(folder)
     prov = json.loads((folder / "provenance.json").read_text())
     assert prov["needle_csv_sha256"] != "" and len(prov["needle_csv_sha256"]) == 64
 

@@ -25,7 +25,7 @@ from kvcost.storage import quant
 from kvcost.storage.spec import CacheSpec, parse_spec
 from kvcost.units import GIB
 
-__all__ = ["NEEDLE_DIR", "README_COLUMNS", "README_ROWS", "check_slice", "committed_needle", "decode_table",
+__all__ = ["NEEDLE_DIR", "README_COLUMNS", "README_ROWS", "check_slice", "committed_format_needle", "decode_table",
            "dtype_choice", "needle_by_format", "needle_summary", "paired_worse", "plan_table", "readme_table",
            "store_as", "vllm_table"]
 
@@ -80,7 +80,7 @@ def needle_by_format(contexts: Sequence[int], dtypes: Sequence[str], trials: int
     return pd.DataFrame(rows)
 
 
-def committed_needle(folder: str | Path | None = None, needle_weight: float | None = None,
+def committed_format_needle(folder: str | Path | None = None, needle_weight: float | None = None,
                      seed: int | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The committed needle table and its provenance; ValueError when ``needle.csv`` no longer has the
     sha256 that ``provenance.json`` records, or when ``needle_weight`` / ``seed`` (notebook parameters)

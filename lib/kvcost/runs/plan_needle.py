@@ -8,7 +8,7 @@ chunks of trials appended to ``needle.partial.csv`` (an interrupted run resumes 
 then writes ``needle.csv`` (sorted) and ``provenance.json``: the command, the date, package versions,
 the git commit, the parameters, the run time and the sha256 of ``needle.csv`` and of its input
 (``data/real_kv/minilm_l6_kv.npz``). Notebook 09 reads the result through
-:func:`kvcost.experiments.plan.committed_needle`, which checks that sha256, and recomputes a slice live.
+:func:`kvcost.experiments.plan.committed_format_needle`, which checks that sha256, and recomputes a slice live.
 """
 from __future__ import annotations
 
