@@ -68,6 +68,7 @@ __all__ = [
     "StoredCache",
     "assemble_parts",
     "available",
+    "chunked_logit_metrics",
     "chunked_window_metrics",
     "decoder",
     "find_gguf",
@@ -512,33 +513,29 @@ def logits_of(model: Any, hidden: Any) -> Any:
     return logits
 
 
-def chunked_window_metrics(model: Any, hidden: dict[str, Any], targets: Any, refs: Sequence[str] = ("fp32", "fp16"),
-                           rows: int = 256) -> dict[str, dict[str, Any]]:
-    """Per format, one window's summed metrics from its final hidden states (``hidden[fmt]``: (n, hidden_size),
-    the rows that predict ``targets``), computed ``rows`` rows at a time so that no (n, vocab) matrix is ever
-    held whole (Gemma's vocabulary is 262,144: a 2k window's scored half would be 1 GiB of float32 logits per
-    format, 2 GiB as float64). Each format's head runs once per chunk, the references' included. Returns
-    ``{fmt: {n, nll_sum, kl_fp32_sum, kl_fp16_sum, top1_fp32, top1_fp16, correct}}`` (the
-    columns of :data:`WINDOW_FIELDS`, references named by ``refs``), the same numbers
-    :func:`token_metrics` gives on the whole matrix up to the order of the sums."""
+def chunked_logit_metrics(logits: Callable[[str, int, int], Any], formats: Sequence[str], targets: Any,
+                          refs: Sequence[str] = ("fp32", "fp16"), rows: int = 256) -> dict[str, dict[str, Any]]:
+    """Per format, one window's summed metrics from its logits, ``rows`` rows at a time: ``logits(fmt, s, e)``
+    gives rows ``s:e`` of format ``fmt``'s (n, vocab) logits (float32 torch), called once per chunk and format,
+    the references' included (each reused for the format itself). Returns ``{fmt: {n, nll_sum, kl_fp32_sum,
+    kl_fp16_sum, top1_fp32, top1_fp16, correct}}`` for every format in ``formats`` (the columns of
+    :data:`WINDOW_FIELDS`, KL and top-1 against the references named by ``refs``, which need not be among
+    ``formats``): the sums :func:`token_metrics` gives on the whole matrix, up to the order of the sums (exactly
+    them with one chunk, ``rows >= n``)."""
     import torch
 
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ValueError(f"parameter 'rows' must be an integer >= 1, got {rows!r}")
-    missing = [r for r in refs if r not in hidden]
-    if missing:
-        raise ValueError(f"parameter 'hidden' lacks the reference formats {missing}")
     n = int(targets.shape[0])
     out = {f: {"n": n, "nll_sum": 0.0, "kl_fp32_sum": 0.0, "kl_fp16_sum": 0.0, "top1_fp32": 0, "top1_fp16": 0,
-               "correct": 0} for f in hidden}
+               "correct": 0} for f in formats}
     with torch.no_grad():
         for s in range(0, n, rows):
             e = min(s + rows, n)
-            logits = {r: logits_of(model, hidden[r][s:e]) for r in refs}
-            ref_lp = [torch.log_softmax(logits[r].to(torch.float64), dim=-1) for r in refs]
-            for fmt, h in hidden.items():
-                m = token_metrics(logits.pop(fmt) if fmt in logits else logits_of(model, h[s:e]), targets[s:e],
-                                  ref_lp)
+            chunk = {r: logits(r, s, e) for r in refs}
+            ref_lp = [torch.log_softmax(chunk[r].to(torch.float64), dim=-1) for r in refs]
+            for fmt in formats:
+                m = token_metrics(chunk.pop(fmt) if fmt in chunk else logits(fmt, s, e), targets[s:e], ref_lp)
                 o = out[fmt]
                 o["nll_sum"] += float(m["nll"].sum())
                 o["kl_fp32_sum"] += float(m["kl0"].sum())
@@ -547,3 +544,20 @@ def chunked_window_metrics(model: Any, hidden: dict[str, Any], targets: Any, ref
                 o["top1_fp16"] += int(m["top1_1"].sum())
                 o["correct"] += int((m["argmax"] == targets[s:e].numpy()).sum())
     return out
+
+
+def chunked_window_metrics(model: Any, hidden: dict[str, Any], targets: Any, refs: Sequence[str] = ("fp32", "fp16"),
+                           rows: int = 256) -> dict[str, dict[str, Any]]:
+    """Per format, one window's summed metrics from its final hidden states (``hidden[fmt]``: (n, hidden_size),
+    the rows that predict ``targets``), computed ``rows`` rows at a time so that no (n, vocab) matrix is ever
+    held whole (Gemma's vocabulary is 262,144: a 2k window's scored half would be 1 GiB of float32 logits per
+    format, 2 GiB as float64). Each format's head runs once per chunk, the references' included. Returns
+    ``{fmt: {n, nll_sum, kl_fp32_sum, kl_fp16_sum, top1_fp32, top1_fp16, correct}}`` (the
+    columns of :data:`WINDOW_FIELDS`, references named by ``refs``), the same numbers
+    :func:`token_metrics` gives on the whole matrix up to the order of the sums
+    (:func:`chunked_logit_metrics` with the head as the logits)."""
+    missing = [r for r in refs if r not in hidden]
+    if missing:
+        raise ValueError(f"parameter 'hidden' lacks the reference formats {missing}")
+    return chunked_logit_metrics(lambda fmt, s, e: logits_of(model, hidden[fmt][s:e]), list(hidden), targets, refs,
+                                 rows)
