@@ -19,9 +19,12 @@ from kvcost.units import GIB
 
 __all__ = ["BACKEND_ONLY", "GPU", "SM100", "catalogue", "custom_gpu", "gpu", "kernel_support"]
 
-#: Catalogue GPUs of compute capability 10.x (SM100 family: B200 and GB200 are 10.0, B300 10.3), where vLLM
-#: admits ``nvfp4_ds_mla``. The catalogue's "Blackwell" also holds DGX Spark (GB10, 12.1) and its "RTX Blackwell"
-#: the RTX 5090 (12.0), which it refuses.
+#: Catalogue GPUs of compute capability 10.x (SM100 family: B200 and GB200 are 10.0, B300 10.3, per NVIDIA's CUDA
+#: GPU Compute Capability table), where vLLM admits ``nvfp4_ds_mla``: FlashMLASparseBackend.supports_combination
+#: refuses it only for ``major != 10`` (flashmla_sparse.py at 008a0c31 and in vLLM 0.33.0), and vLLM's
+#: is_device_capability_family(100) is true for any 10.x (platforms/interface.py at c7761993 and in 0.33.0);
+#: data/storage_formats_2026_research.md section 5. The catalogue's "Blackwell" also holds DGX Spark (GB10, 12.1)
+#: and its "RTX Blackwell" the RTX 5090 (12.0), which it refuses.
 SM100 = ("B200", "GB200", "B300")
 
 #: KV formats that one engine's attention backend reads and nothing else does (data/storage_formats.md, each
