@@ -172,3 +172,14 @@ def test_bad_arguments_name_the_parameter():
         fa3.attend_row(np.zeros(4), np.ones((4, 2)), rescale_threshold=-1)
     with pytest.raises(ValueError, match="p_scale"):
         fa3.attend_row(np.zeros(4), np.ones((4, 2)), p_scale=0)
+
+
+def test_what_a_kernel_serves_is_read_from_its_rows():
+    from kvcost.numerics import kernel_facts
+    mla = {k for k, _ in kernel_facts.KERNELS.values() if kernel_facts.serves_mla(k)}
+    assert mla == {"flashmla_dense_fp8", "flashinfer_mla_sm90_fp8kv", "flashmla_sparse_nvfp4kv"}
+    assert {k for k, _ in kernel_facts.KERNELS.values() if kernel_facts.kv_format(k) == "nvfp4"} == {
+        "flashmla_sparse_nvfp4kv"}
+    assert kernel_facts.head_dim(" 128 ") == 128 and kernel_facts.head_dim("576 (QK) / 512 (V)") is None
+    with pytest.raises(ValueError, match="kernel='fa9'"):
+        kernel_facts.serves_mla("fa9")

@@ -43,8 +43,9 @@ from kvcost.floats import round_to
 from kvcost.numerics._jit import OUT_FP32, OUT_TRUNC_INF
 from kvcost.numerics.fa3kernel import all_e4m3, attend_nb, lanes32, row, store_e4m3_nb, weights_nb
 from kvcost.numerics.instructions import OPERAND_TYPES, Unit, get
+from kvcost.numerics.kernel_facts import head_dim as head_dim_of
+from kvcost.numerics.kernel_facts import rows as kernel_facts_rows
 from kvcost.paths import data_path
-from kvcost.provenance import checked
 
 __all__ = [
     "ACCUMULATORS",
@@ -342,14 +343,9 @@ def exact_attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_sca
 
 def kernel_facts() -> list[dict[str, str]]:
     """The FP8 attention kernels' facts as data (``data/attention_kernels.csv``, each row cited first-hand:
-    see ``data/attention_kernels.md``), one dict per kernel x phase x head_dim x fix, as strings."""
-    with open(checked(data_path("attention_kernels.csv")), newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
-
-
-def _head_dim(text: str) -> int | None:
-    t = text.strip()
-    return int(t) if t.isdigit() else None
+    see ``data/attention_kernels.md``), one dict per kernel x phase x head_dim x fix, as strings
+    (:func:`kvcost.numerics.kernel_facts.rows`)."""
+    return kernel_facts_rows()
 
 
 def kernel_config(kernel: str, phase: str, head_dim: int, fix: str = "none") -> tuple[dict[str, Any], list[str]]:
@@ -363,7 +359,7 @@ def kernel_config(kernel: str, phase: str, head_dim: int, fix: str = "none") -> 
     P·V MMA (storage-only kernels: modelled as bf16 P into an fp32 chain), split-KV heuristics (``splits``
     is the caller's), and rows whose head_dim is not one number (MLA)."""
     rows = [r for r in kernel_facts() if r["kernel"] == kernel and r["phase"] == phase and r["fix"] == fix
-            and _head_dim(r["head_dim"]) == head_dim]
+            and head_dim_of(r["head_dim"]) == head_dim]
     if not rows:
         have = sorted({(r["kernel"], r["phase"], r["fix"], r["head_dim"]) for r in kernel_facts()
                        if r["kernel"] == kernel})
@@ -402,7 +398,7 @@ def tile_sizes(head_dim: int) -> dict[str, int]:
     def bn(phase: str, fix: str) -> int:
         return kernel_config("fa3_fp8_vllm", phase, head_dim, fix)[0]["block_n"]
 
-    if head_dim not in {_head_dim(r["head_dim"]) for r in kernel_facts() if r["kernel"] == "fa3_fp8_vllm"}:
+    if head_dim not in {head_dim_of(r["head_dim"]) for r in kernel_facts() if r["kernel"] == "fa3_fp8_vllm"}:
         raise ValueError(f"parameter 'head_dim' must be one of [64, 128], got {head_dim!r}")
     return {"decode": bn("decode", "none"), "prefill_before_fix": bn("chunked prefill", "none"),
             "prefill_two_level": bn("chunked prefill", "pr104+pr125")}

@@ -32,29 +32,14 @@ from typing import Any
 import numpy as np
 
 from kvcost.floats import round_to
-from kvcost.numerics import fa3
+from kvcost.numerics import fa3, kernel_facts
+from kvcost.numerics.kernel_facts import KERNELS
 from kvcost.storage.quant import roundtrip
 
 __all__ = ["KERNELS", "PHASES", "Kernel", "kernel", "kernels", "lineup", "lineup_table", "stored"]
 
 PHASES = ("decode", "chunked prefill")
 
-#: The kernels notebook 10 runs, by label: (kernel, fix) of data/attention_kernels.csv.
-KERNELS: dict[str, tuple[str, str]] = {
-    "FA3 FP8, no fix": ("fa3_fp8_vllm", "none"),
-    "FA3 FP8, PR #104 (every tile)": ("fa3_fp8_vllm", "pr104+pr125"),
-    "FA3 FP8, PR #122 every 4 tiles": ("fa3_fp8_vllm", "pr122_interval4"),
-    "FA3 FP8, PR #122 every 64 tiles": ("fa3_fp8_vllm", "pr122_interval64"),
-    "FA4 FP8, offset 8, stale max 4 (PR #2109)": ("fa4_fp8", "pr2109"),
-    "FA4 FP8, offset 4 (PR #2717)": ("fa4_fp8", "pr2717"),
-    "FA4 FP8, offset 8, max every tile (PR #2731)": ("fa4_fp8", "pr2731"),
-    "fmha_v2 FP8, one register": ("fmha_v2_fp8", "none"),
-    "fmha_v2 FP8, two-level every 4 (PR #3234)": ("fmha_v2_fp8", "pr3234_interval4"),
-    "FlashMLA dense FP8 (P in [0, 1])": ("flashmla_dense_fp8", "none"),
-    "CK fmha FP8 (CDNA3)": ("ck_tile_fmha_fwd_fp8", "none"),
-    "FlashInfer MLA SM90: FP8 stored, bf16 MMA": ("flashinfer_mla_sm90_fp8kv", "none"),
-    "FlashMLA NVFP4 stored, bf16 MMA": ("flashmla_sparse_nvfp4kv", "none"),
-}
 
 #: The bf16 MMA a storage-only kernel issues on each GPU (MMA-Sim's names for the pv_instruction column).
 _BF16_INSTR = {"Hopper": "m64n8k16.f32.bf16.bf16", "Blackwell": "m64n8k16.kind::f16.f32.bf16.bf16"}
@@ -131,11 +116,6 @@ def _num(text: str) -> float | None:
         return None
 
 
-def _head_dims(text: str) -> int | None:
-    t = text.strip()
-    return int(t) if t.isdigit() else None
-
-
 def kernel(name: str, fix: str = "none", phase: str = "chunked prefill", head_dim: int = 128,
            label: str | None = None) -> Kernel:
     """The :class:`Kernel` of ``name`` (data/attention_kernels.csv's ``kernel``) with ``fix`` at ``phase``
@@ -145,20 +125,21 @@ def kernel(name: str, fix: str = "none", phase: str = "chunked prefill", head_di
         raise ValueError(f"parameter 'phase' must be one of {list(PHASES)}, got {phase!r}")
     if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)) or head_dim < 1:
         raise ValueError(f"parameter 'head_dim' must be a positive integer, got {head_dim!r}")
-    rows = [r for r in fa3.kernel_facts() if r["kernel"] == name and r["fix"] == fix]
+    rows = [r for r in kernel_facts.rows() if r["kernel"] == name and r["fix"] == fix]
     if not rows:
-        have = sorted({(r["kernel"], r["fix"]) for r in fa3.kernel_facts()})
+        have = sorted({(r["kernel"], r["fix"]) for r in kernel_facts.rows()})
         raise ValueError(f"no row of data/attention_kernels.csv for kernel={name!r}, fix={fix!r}; rows: {have}")
     assumed: list[str] = []
     same = [r for r in rows if r["phase"] == phase] or rows
     if same[0]["phase"] != phase:
         assumed.append(f"no {phase} row: the {same[0]['phase']} row's tile")
-    exact = [r for r in same if _head_dims(r["head_dim"]) == head_dim]
+    exact = [r for r in same if kernel_facts.head_dim(r["head_dim"]) == head_dim]
     if exact:
         r = exact[0]
     else:
-        numeric = [r for r in same if _head_dims(r["head_dim"]) is not None]
-        r = min(numeric, key=lambda x: abs(_head_dims(x["head_dim"]) - head_dim)) if numeric else same[0]
+        numeric = [r for r in same if kernel_facts.head_dim(r["head_dim"]) is not None]
+        r = (min(numeric, key=lambda x: abs(kernel_facts.head_dim(x["head_dim"]) - head_dim)) if numeric
+             else same[0])
         assumed.append(f"no head_dim {head_dim} row: run at head_dim {head_dim} with the head_dim "
                        f"{r['head_dim']} row's facts")
     arch = r["gpu_arch"]
@@ -197,15 +178,14 @@ def kernel(name: str, fix: str = "none", phase: str = "chunked prefill", head_di
         instr = _BF16_INSTR[arch]
         assumed.append(f"P·V (and QKᵀ) on {arch}'s bf16 MMA {instr} (MMA-Sim's name for the row's "
                        f"pv_instruction), Q in bf16")
-    kv_format = "nvfp4" if "nvfp4" in r["kernel"] else "e4m3"
     if r["confirmed"].strip() != "yes":
         assumed.append(f"row read from a PR description only ({r['source'].split(':')[0]})")
     if r["split_kv"].strip() and not r["split_kv"].startswith("no"):
         assumed.append(f"split-KV ({r['split_kv'].split('(')[0].strip()}, not modelled): splits is the caller's")
     return Kernel(label=label or f"{name} {fix}", kernel=name, fix=fix, phase=phase, head_dim=head_dim, arch=arch,
                   block_n=int(bn), max_offset=int(mo), rescale_threshold=float(thr), p_format=p_format,
-                  p_scale=p_scale, flush_every=flush, instr=instr, kv_format=kv_format, facts=dict(r),
-                  assumed=tuple(assumed))
+                  p_scale=p_scale, flush_every=flush, instr=instr, kv_format=kernel_facts.kv_format(name),
+                  facts=dict(r), assumed=tuple(assumed))
 
 
 def lineup(labels: Any = None, phase: str = "chunked prefill", head_dim: int = 128) -> list[Kernel]:
@@ -220,7 +200,7 @@ def lineup(labels: Any = None, phase: str = "chunked prefill", head_dim: int = 1
 def kernels() -> list[tuple[str, str]]:
     """Every (kernel, fix) of data/attention_kernels.csv, in file order."""
     seen: dict[tuple[str, str], None] = {}
-    for r in fa3.kernel_facts():
+    for r in kernel_facts.rows():
         seen[(r["kernel"], r["fix"])] = None
     return list(seen)
 

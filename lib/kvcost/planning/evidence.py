@@ -1,7 +1,10 @@
 """What the accuracy of a KV format rests on: the committed measurements that have it, each naming what it
-was measured on and at what length — the synthetic head of ``data/plan_needle`` (notebook 09's needle) or
-the real decoder's passkey of ``data/real_model`` (notebook 08's, SmolLM2-135M) — never the planned model;
-a format with neither says so.
+was measured on and at what length — the synthetic head of ``data/plan_needle`` (notebook 09's needle),
+the real decoder's passkey of ``data/real_model`` (notebook 08's, SmolLM2-135M), and for FP8 attention on a
+GPU kvcost models, each of that GPU's attention kernels emulated on SmolLM2's head profiles
+(``data/which_gpu``, notebook 10's needle kept by carried weight) beside the published figures for the
+same kernels (``data/accumulation_published.csv``, ``data/which_gpu/published_statements.csv``, each naming
+only the model its source names) — never the planned model; a format with none says so.
 
 Standard library only (the CLI path).
 """
@@ -12,14 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from kvcost import stats
+from kvcost.numerics.kernel_facts import KERNELS, kv_format, serves_mla
 from kvcost.paths import data_path
-from kvcost.planning.gpus import GPU
+from kvcost.planning.gpus import GPU, SM100
 from kvcost.provenance import checked
 from kvcost.storage import formats
 from kvcost.storage.spec import HADAMARD, CacheSpec, parse_spec
 
-__all__ = ["PASSKEY_MODEL", "PASSKEY_UNIT_CSV", "SYNTHETIC_BASIS", "accuracy_evidence", "accuracy_lookup",
-           "default_accuracy_csv", "default_passkey_csv", "passkey_lookup"]
+__all__ = ["KERNEL_GRIDS", "PASSKEY_MODEL", "PASSKEY_UNIT_CSV", "PUBLISHED_NIAH", "SYNTHETIC_BASIS",
+           "accuracy_evidence", "accuracy_lookup", "default_accuracy_csv", "default_kernel_dir",
+           "default_passkey_csv", "grid_gpu", "kernel_lookup", "passkey_lookup", "published_lookup"]
 
 
 def _retrieved(rows: list[dict[str, str]]) -> int:
@@ -35,6 +40,29 @@ def default_passkey_csv() -> Path:
     """The committed real-decoder passkey grid (notebook 08's): SmolLM2-135M, 1k to 8k tokens, 20 trials a cell."""
     return data_path("real_model", "passkey.csv")
 
+
+def default_kernel_dir() -> Path:
+    """Notebook 10's committed kernel grids (``scripts/which_gpu_grid.py``): every attention kernel on
+    SmolLM2-135M's head profiles, 4k to 1M tokens."""
+    return data_path("which_gpu")
+
+
+#: Notebook 10's grid files in a kernel folder: 16 heads x 2 haystacks at 4,096 tokens, 4 heads at 4k-128k,
+#: 2 heads at 1M (a row measured in two files is counted once).
+KERNEL_GRIDS = ("grid_4k.csv", "grid.csv", "grid_1m.csv")
+#: The published accuracies and statements set beside the emulated kernels, by GPU (notebook 10's ``gpu``):
+#: quantity keys of data/accumulation_published.csv and statement keys of published_statements.csv.
+#: Each key names what its figure measured, as the planner prints it.
+PUBLISHED_NIAH: dict[str, dict[str, str]] = {
+    "Hopper": {"niah_bf16": "bf16 attention", "niah_fp8_tensor_core_accumulation": "FP8, no fix",
+               "niah_fp8_two_level": "FP8, two-level (PR #104)", "niah_pr104_baseline": "PR #104, every step",
+               "niah_two_level_flush_every_4_steps": "PR #122, every 4 steps",
+               "niah_two_level_flush_every_64_steps": "PR #122, every 64 steps"},
+    "Blackwell": {"b200_accumulation_fixed": "statement"},
+}
+KERNEL_BASIS = ("attention kernels on {gpu} emulated on the unit, bit for bit MMA-Sim, on SmolLM2-135M-Instruct's "
+                "head profiles in a synthetic haystack (data/which_gpu, notebook 10; needle kept: carried weight "
+                "within a factor 2 of exact's)")
 
 #: What each committed evidence table was measured on, as its README says.
 SYNTHETIC_BASIS = "synthetic head with MiniLM statistics (data/plan_needle), not a decoder"
@@ -88,15 +116,94 @@ def passkey_lookup(path: str | Path | None, variant: str,
     return ok, len(at), at_len, ok0, len(ref)
 
 
+def grid_gpu(card: GPU | None) -> str | None:
+    """The GPU of notebook 10's grid whose units run on ``card``: Hopper's wgmma, Blackwell's tcgen05 (the SM100
+    family only: DGX Spark and the RTX cards have no tcgen05) or CDNA3's MFMA; None for any other card."""
+    if card is None:
+        return None
+    if card.arch in ("Hopper", "CDNA3"):
+        return card.arch
+    return "Blackwell" if card.name in SM100 else None
+
+
+def kernel_lookup(folder: str | Path | None, gpu: str, kv: str, mla: bool,
+                  context: int) -> list[tuple[str, int, int, int, int]]:
+    """Notebook 10's needle on ``gpu`` for every kernel there that reads a ``kv`` cache (``e4m3`` or ``nvfp4``)
+    and serves MLA models (``mla``) or the others: (kernel label, haystacks kept, haystacks, heads, tokens) at
+    the largest length measured <= ``context``, else at the smallest one (the caller says which). Empty when
+    the folder has no grid."""
+    if folder is None:
+        return []
+    seen: dict[tuple[str, ...], dict[str, str]] = {}
+    for name in KERNEL_GRIDS:
+        path = Path(folder) / name
+        if path.is_file():
+            with open(checked(path), newline="", encoding="utf-8") as f:
+                for r in csv.DictReader(f):
+                    seen.setdefault((r["kernel"], r["gpu"], r["n_tokens"], r["head"], r["trial"]), r)
+    out = []
+    for label, (kernel, _fix) in KERNELS.items():
+        if serves_mla(kernel) != mla or kv_format(kernel) != kv:
+            continue
+        mine = [r for r in seen.values() if r["kernel"] == label and r["gpu"] == gpu]
+        if not mine:
+            continue
+        lengths = sorted({int(r["n_tokens"]) for r in mine})
+        below = [n for n in lengths if n <= context]
+        at_len = below[-1] if below else lengths[0]
+        at = [r for r in mine if int(r["n_tokens"]) == at_len]
+        out.append((label, sum(r["kept"] == "True" for r in at), len(at), len({r["head"] for r in at}), at_len))
+    return out
+
+
+def published_lookup(gpu: str) -> list[dict[str, str]]:
+    """The published figures for ``gpu``'s FP8 attention (:data:`PUBLISHED_NIAH`): each row's source, setting
+    (which names the model only where the source does) and value or statement."""
+    keys = list(PUBLISHED_NIAH.get(gpu, {}))
+    out = []
+    with open(checked(data_path("accumulation_published.csv")), newline="", encoding="utf-8") as f:
+        out += [r for r in csv.DictReader(f) if r["quantity"] in keys]
+    with open(checked(data_path("which_gpu", "published_statements.csv")), newline="", encoding="utf-8") as f:
+        out += [r for r in csv.DictReader(f) if r["statement"] in keys]
+    return sorted(out, key=lambda r: keys.index(r.get("quantity") or r["statement"]))
+
+
+def _kernel_text(rows: list[tuple[str, int, int, int, int]], gpu: str, context: int) -> str:
+    """One clause per (length, count): the kernels that kept the needle that many times there."""
+    groups: dict[tuple[int, int, int, int], list[str]] = {}
+    for label, k, n, heads, at in rows:
+        groups.setdefault((at, k, n, heads), []).append(label)
+    parts = []
+    for (at, k, n, heads), labels in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] - kv[0][2])):
+        short = "" if at >= context else f" (shorter than the planned {context:,})"
+        parts.append(f"{k}/{n} haystacks kept ({heads} heads) at {at:,} tokens{short} by "
+                     + ", ".join(f"[{x}]" for x in labels))
+    return KERNEL_BASIS.format(gpu=gpu) + ": " + "; ".join(parts)
+
+
+def _published_text(rows: list[dict[str, str]]) -> str:
+    """The published figures, grouped by source and setting."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        names = {k: v for d in PUBLISHED_NIAH.values() for k, v in d.items()}
+        what = (f"{names[r['quantity']]} {float(r['value']):.0%}" if r.get("quantity") else f"'{r['quote']}'")
+        groups.setdefault((r["source"].split(",")[0].split(" (")[0], r["setting"]), []).append(what)
+    return "published: " + "; ".join(f"{src} ({setting}): {', '.join(v)}" for (src, setting), v in groups.items())
+
+
 def accuracy_evidence(spec: str | CacheSpec, context: int, card: GPU | None = None, engine: str = "none",
                       needle_csv: str | Path | None = None,
-                      passkey_csv: str | Path | None = None) -> tuple[str, tuple[dict[str, Any], ...]]:
+                      passkey_csv: str | Path | None = None, kernel_dir: str | Path | None = None,
+                      mla: bool = False) -> tuple[str, tuple[dict[str, Any], ...]]:
     """What the accuracy of ``spec`` at ``context`` rests on: one entry per evidence table that has it, each
     naming what it was measured on and at what length (never the planned model), and a text joining them;
     "no evidence for ..." when neither table has the format. A measurement shorter than ``context`` says so.
     On a Hopper GPU under vLLM, fp8 also reports the real decoder with FlashAttention-3's FP8 attention
     emulated (the ``fa3`` variant), and that kernel re-run on Hopper's MMA-Sim-exact unit
-    (``passkey_unit.csv`` beside the passkey table) where it has rows."""
+    (``passkey_unit.csv`` beside the passkey table) where it has rows. With ``kernel_dir`` (notebook 10's
+    grids, :func:`default_kernel_dir`), an FP8 or NVFP4 cache on a GPU whose units kvcost models (vLLM or no
+    engine) also reports each attention kernel of that GPU that reads it — MLA kernels for an ``mla`` model,
+    the others otherwise — and the published figures for that GPU's FP8 attention."""
     sp = parse_spec(spec, param="dtypes")
     label = sp.kv_label + (HADAMARD if sp.rotation else "")          # the needle table's storage column
     out: list[dict[str, Any]] = []
@@ -107,8 +214,15 @@ def accuracy_evidence(spec: str | CacheSpec, context: int, card: GPU | None = No
               else f"needle table {Path(needle_csv or '').name} (a synthetic haystack, not a decoder)")
         out.append({"basis": "synthetic", "on": on, "test": "needle", "successes": k, "trials": n,
                     "context": at, "reference": f"{k0}/{n0}" if n0 else None})
-    variants = [("stored cache", CacheSpec(sp.k, sp.v, sp.rotation, store=True).label)]
-    if (card is not None and card.arch == "Hopper" and engine in ("vllm", "none")
+    # the passkey table's plain store: labels cut K's blocks in the GGUF file's order (llama.cpp's)
+    stored = CacheSpec(sp.k, sp.v, sp.rotation, "hf" if sp.k_order == "hf" else None, store=True)
+    if (sp.k_order is None and formats.get(sp.k).channel_blocks and passkey_csv is not None
+            and passkey_lookup(passkey_csv, stored.label, context) is None):
+        # measured only with K's blocks in transformers' channel order (vLLM's and SGLang's)
+        stored = CacheSpec(sp.k, sp.v, sp.rotation, "hf", store=True)
+    what_stored = "stored cache" + (" (K's blocks in transformers' channel order)" if stored.k_order == "hf" else "")
+    variants = [(what_stored, stored.label)]
+    if (card is not None and card.arch == "Hopper" and engine in ("vllm", "none") and not mla
             and formats.get(sp.k).family == "fp8"):
         variants.append(("FlashAttention-3 FP8 attention on Hopper, emulated", "fa3"))
     tables = [(what, var, passkey_csv) for what, var in variants]
@@ -123,14 +237,39 @@ def accuracy_evidence(spec: str | CacheSpec, context: int, card: GPU | None = No
             out.append({"basis": "real decoder", "on": f"{PASSKEY_MODEL} (data/real_model), {what}",
                         "test": "passkey", "variant": var, "successes": k, "trials": n, "context": at,
                         "reference": f"{k0}/{n0}" if n0 else None, "table": Path(table).name})
+    gpu = grid_gpu(card)
+    family = formats.get(sp.k).family
+    kv = {"fp8": "e4m3", "nvfp4": "nvfp4"}.get(family)
+    if kernel_dir is not None and gpu is not None and kv is not None and engine in ("vllm", "none"):
+        found = kernel_lookup(kernel_dir, gpu, kv, mla, context)
+        for kern, k, n, heads, at in found:
+            out.append({"basis": "emulated kernel", "on": KERNEL_BASIS.format(gpu=gpu), "test": "needle",
+                        "variant": kern, "successes": k, "trials": n, "heads": heads, "context": at,
+                        "reference": None, "table": "which_gpu"})
+        pub = published_lookup(gpu) if kv == "e4m3" and not mla else []
+        for r in pub:
+            out.append({"basis": "published", "on": r["source"], "test": r.get("quantity") or r["statement"],
+                        "setting": r["setting"], "value": float(r["value"]) if r.get("value") else None,
+                        "quote": r.get("quote", ""), "url": r["url"]})
     if not out:
         return f"no evidence for {label} (no synthetic needle, no real-decoder passkey)", ()
     parts = []
     for e in out:
+        if e["basis"] in ("emulated kernel", "published"):
+            continue
         short = "" if e["context"] >= context else f" (shorter than the planned {context:,})"
         ref = f"; unquantized {e['reference']}" if e["reference"] else ""
         parts.append(f"{e['on']}: {e['test']} {stats.rate_text(e['successes'], e['trials'])} at "
                      f"{e['context']:,} tokens{short}{ref}")
+    kern = [(e["variant"], e["successes"], e["trials"], e["heads"], e["context"]) for e in out
+            if e["basis"] == "emulated kernel"]
+    if kern:
+        parts.append(_kernel_text(kern, gpu or "", context))
+    pub_rows = [e for e in out if e["basis"] == "published"]
+    if pub_rows:
+        parts.append(_published_text([{"source": e["on"], "setting": e["setting"], "quote": e["quote"],
+                                       **({"quantity": e["test"], "value": str(e["value"])}
+                                          if e["value"] is not None else {})} for e in pub_rows]))
     if sp.skip_layers:
         parts.append(f"measured with every layer in {sp.kv_label}; this spec keeps {', '.join(sp.skip_layers)} "
                      f"layers in {sp.skip_dtype}")

@@ -108,7 +108,7 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
          reserve_gib: float = RESERVE_GIB, accuracy_csv: str | Path | None = None, *, engine: str = "none",
          card: GPU | None = None, weights_: Weights | None = None, efficiency: float = DEFAULT_EFFICIENCY,
          block_size: int = 16, max_num_batched_tokens: int = 2048, swa_full: bool = False,
-         passkey_csv: str | Path | None = None) -> Fleet:
+         passkey_csv: str | Path | None = None, kernel_dir: str | Path | None = None) -> Fleet:
     """Plan ``model`` on ``n_gpus`` x a GPU (``gpu_name`` from the catalogue, or ``card``) at ``context``
     tokens per request, per KV format: capacity as ``engine`` counts it, a decode-speed estimate and the
     accuracy evidence.
@@ -117,7 +117,9 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
     KV budget per GPU = total x ``utilization`` - weights / tp - ``reserve_gib``. ``dtypes`` are
     storage specs (``K``, ``K/V``, ``fp8_e4m3;skip=sliding_window``; default :data:`DEFAULT_DTYPES`).
     ``weights_`` overrides the weights (:func:`kvcost.models.weights.model_weights`); the decode estimate runs at
-    ``concurrency`` requests, or at as many as fit, and needs the GPU's bandwidth.
+    ``concurrency`` requests, or at as many as fit, and needs the GPU's bandwidth. The accuracy evidence reads
+    ``accuracy_csv`` (a needle table), ``passkey_csv`` (the real decoder's passkey) and ``kernel_dir`` (notebook
+    10's kernel grids), each left out when None (:func:`kvcost.planning.evidence.accuracy_evidence`).
     """
     context = check_context(context, "--context", lo=1)
     for name, value in (("--gpus", n_gpus), ("--tp", tp)):
@@ -189,7 +191,8 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
         mc = cap_r.longest_context if cap_r else 0
         note = cap_r.note if cap_r else ""
         fits = req > 0
-        acc_text, evidence = accuracy_evidence(sp, context, card, engine, accuracy_csv, passkey_csv)
+        acc_text, evidence = accuracy_evidence(sp, context, card, engine, accuracy_csv, passkey_csv, kernel_dir,
+                                               mla=bool(g.count(MLA)))
         label = sp.kv_label
         if concurrency is not None and req < concurrency:
             row_warn = [*row_warn, f"{label}: {req} requests of {context:,} tokens fit, {concurrency} asked"]
