@@ -178,6 +178,18 @@ def test_every_query_head_of_the_extract_with_its_real_profile(qheads):
         haystacks.query_heads("minilm")
 
 
+def test_the_every_head_extract_holds_every_layer_of_smollm2(qheads):
+    every = haystacks.query_heads("smollm2-heads")
+    assert len(every) == 270 and [h.label for h in every[:10]] == [f"L0q{i}" for i in range(9)] + ["L1q0"]
+    assert every[-1].label == "L29q8" and list(every[0].q_pos) == list(range(504, 512))
+    # the five layers both extracts hold are the same tensors up to float16 rounding of a float32 forward
+    # run on another thread count (one ulp in under 1% of values)
+    for small in (qheads[0], qheads[-1]):
+        big = next(h for h in every if h.label == small.label)
+        assert np.abs(big.k - small.k).max() <= 2 ** -8 and np.mean(big.k != small.k) < 0.01
+        assert np.abs(big.q - small.q[-8:]).max() <= 2 ** -8
+
+
 def test_real_haystack_holds_the_real_shares_and_is_deterministic(qheads):
     h = qheads[30]                                     # layer 20: a sink head
     a, b = haystacks.real_haystack(h, 4096, 0.05, 1), haystacks.real_haystack(h, 4096, 0.05, 1)

@@ -32,9 +32,9 @@ from kvcost.numerics import fa3
 from kvcost.paths import repo_path
 from kvcost.provenance import checked
 
-__all__ = ["RECENT", "SOURCES", "Haystack", "HeadProfile", "QueryHead", "decoder_profiles", "head_profiles",
-           "load_profiles", "make_haystack", "pick_profiles", "profile_table", "query_heads", "query_table",
-           "real_haystack"]
+__all__ = ["QUERY_SOURCES", "RECENT", "SOURCES", "Haystack", "HeadProfile", "QueryHead", "decoder_profiles",
+           "head_profiles", "load_profiles", "make_haystack", "pick_profiles", "profile_table", "query_heads",
+           "query_table", "real_haystack"]
 
 
 @dataclass(frozen=True)
@@ -240,12 +240,18 @@ class QueryHead:
         return w / w.sum()
 
 
+#: The committed extracts with real queries, by name: SmolLM2-135M's five layers (0, 1, 10, 20, 29; 64 query
+#: rows per head) and its every-head extract (all 30 layers, 8 rows per head; ``real_model_extract --heads``).
+QUERY_SOURCES = {"smollm2": "data/real_model/smollm2_kv.npz", "smollm2-heads": "data/real_model/smollm2_heads.npz"}
+
+
 def query_heads(source: str = "smollm2") -> list[QueryHead]:
-    """Every query head of ``source``'s committed extract (SmolLM2-135M: layers 0, 1, 10, 20, 29 x 9
-    query heads, grouped three to a KV head), in layer then head order."""
-    if source != "smollm2":
-        raise ValueError(f"parameter 'source' must be 'smollm2' (the extract with real queries), got {source!r}")
-    path = repo_path(SOURCES[source][0])
+    """Every query head of ``source``'s committed extract (:data:`QUERY_SOURCES`; SmolLM2-135M's 9 query
+    heads a layer, grouped three to a KV head), in layer then head order."""
+    if source not in QUERY_SOURCES:
+        raise ValueError(f"parameter 'source' must be one of {list(QUERY_SOURCES)} (the extracts with real "
+                         f"queries), got {source!r}")
+    path = repo_path(QUERY_SOURCES[source])
     kv = extracts.load_real_kv(path)                     # checks the extract's sha256
     with np.load(path, allow_pickle=False) as z:
         q, q_pos = z["q"].astype(np.float64), z["q_pos"].astype(np.int64)

@@ -30,6 +30,12 @@ runs' do, its sliding-window layers attending through kvcost.models.sliding_wind
 three stages there: ``k_proj``'s output (``k_pre``), after QK-norm (``k_norm``, before RoPE) and after RoPE
 (``k_post``); each row says the layer's attention type (``layer_type``: sliding or full), and a query's
 sink share (weight on token 0, BOS) is NaN in a sliding layer whose window no longer reaches token 0.
+
+``--heads`` writes instead the every-head extract notebook 10's haystacks read (``smollm2_heads.npz`` /
+``gemma3_270m_heads.npz`` and its ``.json``; the statistics files are left as they are): the same file
+format for every layer that attends over the whole context (SmolLM2: all 30; Gemma: its global layers 5, 11
+and 17 — a sliding layer never sees a long-range needle), ``q`` at the last ``--q-rows`` (8) kept positions,
+without ``k_pre``.
 """
 from __future__ import annotations
 
@@ -53,6 +59,8 @@ LAYERS = (0, 1, 10, 20, 29)
 #: layer after it, the last (global) layer.
 GEMMA_LAYERS = (0, 5, 6, 17)
 Q_ROWS = 64
+#: Query rows per head in the every-head extract (``--heads``): one per haystack notebook 10 draws.
+HEADS_Q_ROWS = 8
 
 
 def head_stats(k_pre: np.ndarray, k_post: np.ndarray, v: np.ndarray, k_norm: np.ndarray | None = None,
@@ -115,9 +123,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", choices=list(decoders.DECODERS), default=decoders.DEFAULT_DECODER)
     ap.add_argument("--out", type=Path, default=None, help="default data/real_model/[gemma3_270m/]")
+    ap.add_argument("--heads", action="store_true",
+                    help="write the every-head extract (<model>_heads.npz: every full-attention layer, no k_pre)")
+    ap.add_argument("--q-rows", type=int, default=None,
+                    help=f"query rows kept per head (default {Q_ROWS}; {HEADS_Q_ROWS} with --heads)")
     args = ap.parse_args(argv)
     dec = decoders.decoder(args.model)
     args.out = args.out or (OUT if dec.name == decoders.DEFAULT_DECODER else OUT / dec.name.replace("-", "_"))
+    args.q_rows = args.q_rows if args.q_rows is not None else (HEADS_Q_ROWS if args.heads else Q_ROWS)
+    if not 1 <= args.q_rows <= Q_ROWS:
+        ap.error(f"--q-rows must be between 1 and {Q_ROWS}, got {args.q_rows}")
     if not Q_ROWS <= args.keep <= args.tokens:
         ap.error(f"--keep must be between {Q_ROWS} and --tokens")
     return args
@@ -127,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dec = decoders.decoder(args.model)
     smol = dec.name == decoders.DEFAULT_DECODER
-    stem = "smollm2_kv" if smol else f"{dec.name.replace('-', '_')}_kv"
+    stem = ("smollm2" if smol else dec.name.replace("-", "_")) + ("_heads" if args.heads else "_kv")
 
     import pandas as pd
     import torch
@@ -174,21 +189,31 @@ def main(argv: list[str] | None = None) -> int:
     k_norm = None if smol else np.stack(k_norm).astype(np.float64)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    hs = pd.DataFrame(head_stats(k_pre, k_post, v, k_norm, None if smol else kinds))
-    hs.to_csv(args.out / "head_stats.csv", index=False)
-    windows = None if smol else [dec.sliding_window if k == "sliding" else None for k in kinds]
-    scaling = None if smol else model.model.layers[0].self_attn.scaling
-    qs = pd.DataFrame(query_stats(q, k_post, min(512, args.tokens - 1), scaling, windows, None if smol else kinds))
-    qs.to_csv(args.out / "query_stats.csv", index=False)
+    stats_files = []
+    if not args.heads:
+        hs = pd.DataFrame(head_stats(k_pre, k_post, v, k_norm, None if smol else kinds))
+        hs.to_csv(args.out / "head_stats.csv", index=False)
+        windows = None if smol else [dec.sliding_window if k == "sliding" else None for k in kinds]
+        scaling = None if smol else model.model.layers[0].self_attn.scaling
+        qs = pd.DataFrame(query_stats(q, k_post, min(512, args.tokens - 1), scaling, windows,
+                                      None if smol else kinds))
+        qs.to_csv(args.out / "query_stats.csv", index=False)
+        stats_files = [args.out / "head_stats.csv", args.out / "query_stats.csv"]
 
-    keep, lay = args.keep, list(LAYERS if smol else GEMMA_LAYERS)
+    keep, rows = args.keep, args.q_rows
+    if args.heads:
+        lay = [i for i, kind in enumerate(kinds) if kind != "sliding"]
+    else:
+        lay = list(LAYERS if smol else GEMMA_LAYERS)
     tokens = tok.convert_ids_to_tokens(ids[:keep])
     meta = {
         "model": dec.gguf, "dist": f"{dec.dist}=={dec.version}",
         "gguf_sha256": decoders.sha256(decoders.gguf_path(dec.name)),
         "text": str(TEXT.relative_to(ROOT)), "text_sha256": decoders.sha256(TEXT),
-        "forward_tokens": args.tokens, "kept_tokens": keep, "layers": lay, "q_rows": Q_ROWS,
-        "k": "K after RoPE (what the cache stores)", "k_pre": "k_proj output, before RoPE",
+        "forward_tokens": args.tokens, "kept_tokens": keep, "layers": lay, "q_rows": rows,
+        "k": "K after RoPE (what the cache stores)",
+        **({"layer_choice": "every layer attending over the whole context"} if args.heads
+           else {"k_pre": "k_proj output, before RoPE"}),
         "versions": decoders.versions(dec.name),
         **({} if smol else {"layer_types": kinds, "bos_first": True, "attention": "banded",
                             "k_norm": "K after QK-norm, before RoPE (head_stats only)", "terms": dec.terms,
@@ -199,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         "token_ids": np.asarray(ids[:keep], dtype=np.int32), "tokens": np.asarray(tokens, dtype=np.str_),
         "window": np.zeros(keep, dtype=np.int16), "special": np.zeros(keep, dtype=bool),
         "meta": np.asarray(json.dumps(meta, sort_keys=True)),
-        "k_pre": k_pre[lay, :, :keep].astype(np.float16),
-        "q": q[lay, :, keep - Q_ROWS:keep].astype(np.float16),
-        "q_pos": np.arange(keep - Q_ROWS, keep, dtype=np.int32),
+        **({} if args.heads else {"k_pre": k_pre[lay, :, :keep].astype(np.float16)}),
+        "q": q[lay, :, keep - rows:keep].astype(np.float16),
+        "q_pos": np.arange(keep - rows, keep, dtype=np.int32),
     }
     npz = args.out / f"{stem}.npz"
     extracts.write_npz(npz, arrays)
@@ -209,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out / f"{stem}.json",
         command="python scripts/real_model_extract.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         note={**meta, "bytes": npz.stat().st_size},
-        outputs=[npz, args.out / "head_stats.csv", args.out / "query_stats.csv"])
-    print(f"wrote {npz} ({npz.stat().st_size} bytes), head_stats.csv, query_stats.csv")
+        outputs=[npz, *stats_files])
+    print(f"wrote {npz} ({npz.stat().st_size} bytes)" + (", head_stats.csv, query_stats.csv" if stats_files else ""))
     return 0
 
 

@@ -33,7 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--what", choices=["grid", "law"], default="grid")
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
-    ap.add_argument("--heads", type=int, default=6, help="query heads, spread over SmolLM2's extract")
+    ap.add_argument("--heads", default="6",
+                    help="query heads, spread over the extract's layers and heads, or 'all' (default 6)")
+    ap.add_argument("--source", default="smollm2", choices=list(haystacks.QUERY_SOURCES),
+                    help="the extract with real queries (smollm2-heads: every layer of SmolLM2)")
     ap.add_argument("--trials", type=int, default=2, help="haystacks per head")
     ap.add_argument("--needle-weight", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
@@ -41,8 +44,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kernels", nargs="+", default=list(kernels.KERNELS), help="labels of kernels.KERNELS")
     ap.add_argument("--out", type=Path, default=ROOT / "data" / "which_gpu")
     args = ap.parse_args(argv)
-    if args.trials < 1 or args.heads < 2:
-        ap.error("--trials must be positive and --heads at least 2")
+    if args.trials < 1:
+        ap.error(f"--trials must be positive, got {args.trials}")
+    if args.heads != "all" and not (args.heads.isdigit() and int(args.heads) >= 2):
+        ap.error(f"--heads must be an integer of at least 2 or 'all', got {args.heads!r}")
     bad = [k for k in args.kernels if k not in kernels.KERNELS]
     if bad:
         ap.error(f"--kernels: {bad} not among {list(kernels.KERNELS)}")
@@ -53,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     csv = args.out if args.out.suffix == ".csv" else args.out / f"{args.what}.csv"
     csv.parent.mkdir(parents=True, exist_ok=True)
-    heads = wg.pick_heads(args.heads)
+    every = haystacks.query_heads(args.source)
+    heads = every if args.heads == "all" else wg.pick_heads(int(args.heads), args.source)
     d = heads[0].k.shape[1]
     partial = csv.with_name(f"{csv.stem}.partial.csv")
     done = pd.read_csv(partial) if partial.is_file() else pd.DataFrame()
@@ -82,14 +88,15 @@ def main(argv: list[str] | None = None) -> int:
         df = df[df["kernel"].isin(args.kernels)]
     df = df.reset_index(drop=True)
     df.to_csv(csv, index=False, lineterminator="\n")
-    src = haystacks.SOURCES["smollm2"][0]
+    src = haystacks.QUERY_SOURCES[args.source]
     provenance.write_run(
         csv.with_suffix(".json"),
         command="nice -n 10 .venv/bin/python scripts/which_gpu_grid.py " + " ".join(
             f"'{a}'" if " " in a else a for a in (sys.argv[1:] if argv is None else argv)),
         git=True, cpus=True, versions=provenance.versions(("numpy", "pandas", "ml_dtypes", "numba", "kvcost")),
         inputs={src: ROOT / src, "data/attention_kernels.csv": ROOT / "data" / "attention_kernels.csv"},
-        note={"parameters": {"what": args.what, "contexts": args.contexts, "heads": args.heads,
+        note={"parameters": {"what": args.what, "contexts": args.contexts, "source": args.source,
+                             "heads": int(args.heads) if args.heads.isdigit() else args.heads,
                              "trials": args.trials, "needle_weight": args.needle_weight, "seed": args.seed,
                              "phase": args.phase, "kernels": args.kernels if args.what == "grid" else [],
                              "keep": list(measure.KEEP), "head_labels": [h.label for h in heads]},
