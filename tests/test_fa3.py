@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvcost import accum, fa3, fa3kernel, tensorcore
-from kvcost.numerics import _jit, oracle
+from kvcost.numerics import _jit, kernel_facts, kernels, oracle
 from references import attention_exact, e4m3
 
 
@@ -236,17 +236,20 @@ def test_one_block_with_varied_p_is_the_units_chain(arch):
     np.testing.assert_array_equal(out, (acc[0] * np.float32(1.0 / lsum)).astype(np.float64))
 
 
-def test_kernel_config_reads_the_kernels_facts_as_data():
-    kw, left = fa3.kernel_config("fa3_fp8_vllm", "decode", 64)
-    assert kw == {"arch": "Hopper", "block_n": 128, "max_offset": 8, "p_format": "e4m3"} and left == [
-        "split-KV (heuristic (num_splits_heuristic, hopper/heuristics.h; hopper/flash_api.cpp)): pass splits= yourself"]
-    kw, _ = fa3.kernel_config("fa3_fp8_vllm", "chunked prefill", 128, "pr122_interval4")
-    assert (kw["block_n"], kw["flush_every"]) == (192, 4)                  # 768 keys between flushes
-    kw, left = fa3.kernel_config("fa4_fp8", "decode", 128, "pr2109")
-    assert kw["arch"] == "Blackwell" and kw["max_offset"] == 8 and any("stale" in x for x in left)
-    assert fa3.kernel_config("fa4_fp8", "decode", 128, "pr2717")[0]["max_offset"] == 4
-    kw, left = fa3.kernel_config("ck_tile_fmha_fwd_fp8", "chunked prefill", 128)
-    assert kw["arch"] == "CDNA3" and "max_offset" not in kw and any("P's scale" in x for x in left)
+def test_the_kernels_facts_are_read_once_as_data():
+    # one reader of data/attention_kernels.csv (kvcost.numerics.kernel_facts); kernels.kernel turns a row into
+    # what the emulation runs, fa3.tile_sizes reads FA3's tiles from the same rows
+    assert not hasattr(fa3, "kernel_config") and fa3.kernel_facts() == kernel_facts.rows()
+    k = kernels.kernel("fa3_fp8_vllm", "none", "decode", 64)
+    assert (k.arch, k.block_n, k.max_offset, k.p_format, k.flush_every) == ("Hopper", 128, 8, "e4m3", None)
+    assert k.assumed == ("split-KV (heuristic, not modelled): splits is the caller's",)
+    k = kernels.kernel("fa3_fp8_vllm", "pr122_interval4", "chunked prefill", 128)
+    assert (k.block_n, k.flush_every, k.flush_tokens) == (192, 4, 768)
+    k = kernels.kernel("fa4_fp8", "pr2109", "decode", 128)
+    assert (k.arch, k.max_offset, k.rescale_threshold) == ("Blackwell", 8, 4.0)
+    assert kernels.kernel("fa4_fp8", "pr2717", "decode", 128).max_offset == 4
+    k = kernels.kernel("ck_tile_fmha_fwd_fp8", "none", "chunked prefill", 128)
+    assert (k.arch, k.max_offset, k.p_scale) == ("CDNA3", 0, 240.0) and "scale_p = 240" in k.assumed[0]
     assert fa3.tile_sizes(64) == {"decode": 128, "prefill_before_fix": 160, "prefill_two_level": 128}
     with pytest.raises(ValueError, match="no row"):
-        fa3.kernel_config("fa3_fp8_vllm", "decode", 96)
+        kernels.kernel("fa3_fp8_vllm", "pr999")

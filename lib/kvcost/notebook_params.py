@@ -157,7 +157,10 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         Int("heads", 4, lo=2, hi=45, doc="query heads of SmolLM2's extract, spread over its layers"),
         Int("trials", 1, lo=1, hi=100, doc="haystacks per head and context"),
         Int("focus_n", 4096, lo=256, hi=2**21, doc="the context run on more haystacks (its rows replace the grid's)"),
-        Int("focus_heads", 16, lo=2, hi=45, doc="query heads at focus_n"),
+        Str("focus_source", "smollm2-heads", choices=list(haystacks.QUERY_SOURCES),
+            doc="the extract at focus_n: smollm2-heads, every one of SmolLM2's 270 query heads "
+                "(data/which_gpu/grid_heads.csv), or smollm2, focus_heads of its five layers' 45 (grid_4k.csv)"),
+        Int("focus_heads", 16, lo=2, hi=45, doc="query heads at focus_n when focus_source is smollm2"),
         Int("focus_trials", 2, lo=1, hi=100, doc="haystacks per head at focus_n"),
         Float("needle_weight", 0.05, lo=0.0, hi=0.5, lo_open=True, doc="the needle's exact attention weight"),
         Int("seed", 0, lo=0),

@@ -11,8 +11,8 @@ from kvcost.experiments import long_range_needle as lr
 from kvcost.paths import data_path
 from kvcost.provenance import checked
 
-__all__ = ["HOPPER_FIXES", "beside_published", "errata", "law_text", "load_statements", "printed", "readings",
-           "verdict"]
+__all__ = ["HOPPER_FIXES", "beside_published", "errata", "every_head_text", "law_text", "load_statements", "printed",
+           "readings", "verdict"]
 
 #: The emulated Hopper FA3 kernels that correspond to the published NIAH rows (notebook 06's fix names).
 HOPPER_FIXES = {"no fix": "FA3 FP8, no fix", "PR #104 every tile": "FA3 FP8, PR #104 (every tile)",
@@ -82,11 +82,39 @@ def errata() -> list[Check]:
 
 
 def verdict(summ: pd.DataFrame, loss: pd.DataFrame, fit: pd.DataFrame, beside: pd.DataFrame,
-            n_pub: int) -> Verdict:
+            n_pub: int, spread: pd.DataFrame | None = None) -> Verdict:
     """Notebook 10's verdict: no checks (:func:`printed`, :func:`readings` and :func:`errata` are empty), and
-    its findings as computed text (``extra``, :func:`_findings`)."""
-    return Verdict(printed=printed(), readings=readings(), errata=errata(),
-                   extra=_findings(summ, loss, fit, beside, n_pub))
+    its findings as computed text (``extra``, :func:`_findings`; with ``spread``,
+    :func:`kvcost.experiments.which_gpu.head_spread`'s table, what every head shows)."""
+    text = _findings(summ, loss, fit, beside, n_pub)
+    if spread is not None and len(spread):
+        text += "\n\n" + every_head_text(spread)
+    return Verdict(printed=printed(), readings=readings(), errata=errata(), extra=text)
+
+
+def every_head_text(spread: pd.DataFrame) -> str:
+    """What the every-head grid shows, per context: the kernels that lost a haystack on some head (pooled rate
+    with its interval clustered by head, how many heads lost any and in which layers) and the ones that kept
+    every haystack (with the loss rate the clustered interval excludes)."""
+    parts = []
+    for n, g in spread.groupby("n_tokens", sort=True):
+        heads = int(g["heads"].max())
+        per = int(g["haystacks"].max()) // max(heads, 1)
+        lossy = g[g["kept"] < g["haystacks"]]
+        clean = g[g["kept"] == g["haystacks"]]
+        line = f"**Per head** ({heads} query heads, {per} haystacks each, at {int(n):,} tokens): "
+        if len(lossy):
+            line += "; ".join(f"{r.kernel} on {r.gpu} kept {r.kept}/{r.haystacks} = {r.kept_rate:.0%} "
+                              f"[{r.lo:.0%}, {r.hi:.0%}] (clustered by head, effective n {r.n_eff:.0f}); "
+                              f"{r.heads - r.heads_all_kept} heads lost at least one haystack, "
+                              f"{r.heads_none_kept} lost every one, in layers {r.lossy_layers.replace(' ', ', ')}"
+                              for r in lossy.itertuples()) + ". "
+        if len(clean):
+            lo = float(clean["lo"].min())
+            line += (f"No loss detected for the other {len(clean)} kernels: every haystack kept on every head "
+                     f"(a loss rate above {1 - lo:.1%} would have been seen).")
+        parts.append(line.strip())
+    return "\n\n".join(parts)
 
 
 def _findings(summ: pd.DataFrame, loss: pd.DataFrame, fit: pd.DataFrame, beside: pd.DataFrame,

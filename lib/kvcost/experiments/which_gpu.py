@@ -30,8 +30,8 @@ from kvcost.paths import data_path
 from kvcost.provenance import checked
 from kvcost.retrieval import haystacks, measure
 
-__all__ = ["COMMITTED", "LAW_FRAC_BITS", "committed", "first_loss", "grid", "law_fit", "law_grid", "pick_heads",
-           "restored", "slice_check", "summary"]
+__all__ = ["COMMITTED", "LAW_FRAC_BITS", "committed", "first_loss", "grid", "head_rates", "head_spread", "law_fit",
+           "law_grid", "pick_heads", "restored", "slice_check", "summary"]
 
 #: The committed grid and law runs (scripts/which_gpu_grid.py, sweeps/which_gpu.yaml): a folder of the package
 #: data (``data/which_gpu`` in a checkout).
@@ -157,6 +157,33 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     order = {k: i for i, k in enumerate(df["kernel"].unique())}
     return res.sort_values(["kernel", "n_tokens"], key=lambda c: c.map(order) if c.name == "kernel" else c,
                            kind="stable").reset_index(drop=True)
+
+
+def head_rates(df: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel x context x head: haystacks kept of haystacks and the rate (the spread across heads that
+    :func:`summary`'s pooled rate hides), with the head's layer and query-head index."""
+    g = df.groupby(["kernel", "gpu", "n_tokens", "layer", "head"], sort=False)["kept"]
+    out = g.agg(kept="sum", haystacks="count").reset_index()
+    out["kept"] = out["kept"].astype(int)
+    out.insert(4, "q_head", [int(h.rsplit("q", 1)[1]) for h in out["head"]])    # labels are L<layer>q<head>
+    out["rate"] = out["kept"] / out["haystacks"]
+    return out
+
+
+def head_spread(rates: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel x context, from :func:`head_rates`: heads, heads that kept every haystack and heads that
+    kept none, the layers whose heads lost any, and the pooled rate with its interval clustered by head."""
+    out = []
+    for (kern, n), g in rates.groupby(["kernel", "n_tokens"], sort=False):
+        rate, lo, hi, n_eff = stats.clustered_rate(g["kept"].tolist(), g["haystacks"].tolist())
+        lossy = g[g["kept"] < g["haystacks"]]
+        out.append({"kernel": kern, "gpu": g["gpu"].iloc[0], "n_tokens": int(n), "heads": len(g),
+                    "heads_all_kept": int((g["kept"] == g["haystacks"]).sum()),
+                    "heads_none_kept": int((g["kept"] == 0).sum()),
+                    "kept": int(g["kept"].sum()), "haystacks": int(g["haystacks"].sum()),
+                    "kept_rate": rate, "lo": lo, "hi": hi, "n_eff": n_eff,
+                    "lossy_layers": " ".join(str(x) for x in sorted(lossy["layer"].unique()))})
+    return pd.DataFrame(out)
 
 
 def first_loss(summ: pd.DataFrame, ceiling: float = 0.95) -> pd.DataFrame:

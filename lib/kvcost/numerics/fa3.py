@@ -58,7 +58,6 @@ __all__ = [
     "attend",
     "attend_row",
     "exact_attention",
-    "kernel_config",
     "kernel_facts",
     "store",
     "tile_sizes",
@@ -348,57 +347,15 @@ def kernel_facts() -> list[dict[str, str]]:
     return kernel_facts_rows()
 
 
-def kernel_config(kernel: str, phase: str, head_dim: int, fix: str = "none") -> tuple[dict[str, Any], list[str]]:
-    """:func:`attend`'s arguments for one kernel as it runs, read from :func:`kernel_facts`, and the facts
-    of that row the emulation does not carry (an empty list when it carries them all).
-
-    Carried: ``arch`` (the GPU whose FP8 unit runs P·V), ``block_n`` (keys per KV tile for this phase and
-    head_dim), ``max_offset``, ``p_format`` (e4m3; on CDNA3 the unit's e4m3fnuz) and ``flush_every`` (the
-    two-level interval in tiles, None for a single register). Not carried, and listed: FA4's stale running
-    max (``rescale_threshold`` > 0), a P scaled otherwise than by 2^max_offset (CK's ``scale_p``), a bf16
-    P·V MMA (storage-only kernels: modelled as bf16 P into an fp32 chain), split-KV heuristics (``splits``
-    is the caller's), and rows whose head_dim is not one number (MLA)."""
-    rows = [r for r in kernel_facts() if r["kernel"] == kernel and r["phase"] == phase and r["fix"] == fix
-            and head_dim_of(r["head_dim"]) == head_dim]
-    if not rows:
-        have = sorted({(r["kernel"], r["phase"], r["fix"], r["head_dim"]) for r in kernel_facts()
-                       if r["kernel"] == kernel})
-        raise ValueError(f"no row of data/attention_kernels.csv for kernel={kernel!r}, phase={phase!r}, "
-                         f"head_dim={head_dim!r}, fix={fix!r}; this kernel's rows: {have or 'none'}")
-    r = rows[0]
-    unmodelled = []
-    if r["gpu_arch"] not in UNIT_ARCHS:
-        raise ValueError(f"kernel {kernel!r} runs on {r['gpu_arch']!r}, whose unit kvcost does not model")
-    kw: dict[str, Any] = {"arch": r["gpu_arch"], "block_n": int(float(r["block_n"]))}
-    if r["max_offset"].strip():
-        kw["max_offset"] = int(float(r["max_offset"]))
-    else:
-        unmodelled.append("P's scale (no max_offset: the kernel scales P otherwise)")
-    if r["p_format"].startswith("fp8 e4m3"):
-        kw["p_format"] = "e4m3"
-    elif r["p_format"] == "bf16":
-        kw.update(p_format="bf16", accumulator="fp32")
-        unmodelled.append("a bf16 P·V MMA (modelled as bf16 P into an fp32 chain)")
-    else:
-        raise ValueError(f"kernel {kernel!r}: P format {r['p_format']!r} is not modelled")
-    if r["accumulation"].startswith("two-level"):
-        kw["flush_every"] = int(float(r["flush_every_tiles"]))
-    threshold = float(r["rescale_threshold"]) if r["rescale_threshold"].strip() else 0.0
-    if threshold > 0:
-        unmodelled.append(f"the running max kept stale while it grows by less than {threshold:g} (log2 units)")
-    if r["split_kv"].strip() and not r["split_kv"].startswith("no"):
-        unmodelled.append(f"split-KV ({r['split_kv']}): pass splits= yourself")
-    return kw, unmodelled
-
-
 def tile_sizes(head_dim: int) -> dict[str, int]:
     """FA3's FP8 kBlockN for ``head_dim`` in vLLM's fork, read from ``data/attention_kernels.csv``
     (hopper/tile_size.h): decode (one MMA warpgroup), chunked prefill before the two-level fix and with it
-    (PR #104 with PR #125's tiles, the fork's state now)."""
-    def bn(phase: str, fix: str) -> int:
-        return kernel_config("fa3_fp8_vllm", phase, head_dim, fix)[0]["block_n"]
-
-    if head_dim not in {head_dim_of(r["head_dim"]) for r in kernel_facts() if r["kernel"] == "fa3_fp8_vllm"}:
-        raise ValueError(f"parameter 'head_dim' must be one of [64, 128], got {head_dim!r}")
-    return {"decode": bn("decode", "none"), "prefill_before_fix": bn("chunked prefill", "none"),
-            "prefill_two_level": bn("chunked prefill", "pr104+pr125")}
+    (PR #104 with PR #125's tiles, the fork's state now). The kernels' other facts, as they run:
+    :func:`kvcost.numerics.kernels.kernel`."""
+    rows = {(r["phase"], r["fix"]): int(float(r["block_n"])) for r in kernel_facts()
+            if r["kernel"] == "fa3_fp8_vllm" and head_dim_of(r["head_dim"]) == head_dim}
+    if not rows:
+        have = sorted({head_dim_of(r["head_dim"]) for r in kernel_facts() if r["kernel"] == "fa3_fp8_vllm"})
+        raise ValueError(f"parameter 'head_dim' must be one of {have}, got {head_dim!r}")
+    return {"decode": rows[("decode", "none")], "prefill_before_fix": rows[("chunked prefill", "none")],
+            "prefill_two_level": rows[("chunked prefill", "pr104+pr125")]}
