@@ -95,6 +95,21 @@ def test_engine_names_translate_both_ways() -> None:
         formats.from_engine("fp4_e2m1", "sglang")
     with pytest.raises(ValueError, match="sglang has no KV cache dtype 'mxfp4'"):
         formats.from_engine("mxfp4", "sglang")
+    with pytest.raises(ValueError, match=r"SGLang --kv-cache-dtype fp4_e2m1 is known to kvcost but not modelled.*"
+                                         r"0\.5\.23 release no longer offers it.*values kvcost models: bf16, "):
+        formats.get("fp4_e2m1")
+    # vLLM 0.33.0's CacheDType names kvcost knows and does not model (ROCm Octave and UltraQuant caches)
+    assert sorted(formats.ENGINE_UNMODELLED["vllm"]) == ["octave_k3v3", "octave_k3v3_compact", "octave_k3v4",
+                                                         "ultraquant_4bit"]
+    for name in formats.ENGINE_UNMODELLED["vllm"]:
+        assert name not in formats.ENGINES["vllm"]
+        with pytest.raises(ValueError, match=rf"^vLLM --kv-cache-dtype {name} is known to kvcost but not modelled: "
+                                             r"vLLM 0\.33\.0's ROCm .*values kvcost models: bfloat16, float16, fp8, "):
+            formats.get(name)
+        with pytest.raises(ValueError, match=rf"'{name}' maps to no format \(known, not modelled\)"):
+            formats.from_engine(name, "vllm")
+    with pytest.raises(ValueError, match=r"UltraQuant.*2\^round\(log2\(0\.156 max\)\) per 32"):
+        formats.get("ultraquant_4bit")
 
 
 def test_the_e4m3_ambiguity_is_gone() -> None:
@@ -225,12 +240,14 @@ def test_mx_zero_block_and_scale_range() -> None:
     assert np.isfinite(bf.mx_roundtrip(big)).all()
 
 
-def test_mxfp8_saturates_and_rounds_to_nearest_even() -> None:
+def test_ocp_mxfp8_saturates_and_rounds_to_nearest_even() -> None:
     x = np.zeros((1, 32), dtype=np.float32)
     x[0, :4] = [1000.0, 2.0 * 1.0625, 2.0 * 1.0625 + 1e-3, -3.0]          # scale 2^(9-8) = 2
     y = bf.mx_roundtrip(x, "float8_e4m3fn", 32)
     assert y[0, :4].tolist() == [896.0, 2.0, 2.25, -3.0]                  # 500 -> 448; tie 1.0625 -> 1.0
-    assert np.array_equal(quant.roundtrip(x, "mxfp8"), y)
+    # the registry's mxfp8 is SGLang's: ceil(log2(1000 / 448)) = 2, scale 4: 250 -> 256 (nothing saturates),
+    # 0.53125 ties to 0.5 (even), -0.75 exact
+    assert quant.roundtrip(x, "mxfp8")[0, :4].tolist() == [1024.0, 2.0, 2.25, -3.0]
 
 
 def test_mx_follows_the_ocp_rule_on_random_blocks() -> None:
@@ -262,7 +279,7 @@ def test_mx_follows_the_ocp_rule_on_random_blocks() -> None:
 def test_fp4_mx_block16_is_sglangs_recipe_not_ocps() -> None:
     f = formats.get("fp4_mx_block16")
     assert (f.family, f.recipe, f.block, f.block_bytes, f.scale_format) == ("mx", "sglang", 16, 9, "float8_e8m0fnu")
-    assert formats.get("mxfp4").recipe == formats.get("mxfp8").recipe == "ocp"
+    assert formats.get("mxfp4").recipe == "ocp" and formats.get("mxfp8").recipe == "sglang"
     x = np.zeros((1, 32), dtype=np.float32)
     x[0, :5] = [3.5, 1.25, 2.5, 0.25, -0.1]      # block 0: max 3.5 -> ceil(log2(3.5 / 6)) = 0, scale 1
     x[0, 16:20] = [7.0, 1.25, 2.5, 0.25]          # block 1: max 7 -> ceil(log2(7 / 6)) = 1, scale 2
@@ -282,8 +299,8 @@ def test_fp4_mx_block16_is_sglangs_recipe_not_ocps() -> None:
     assert z.scale.tolist() == [[94]] and not bf.mx_dequantize(z).any()
     with pytest.raises(ValueError, match="'recipe'"):
         bf.mx_quantize(x, recipe="torchao")
-    with pytest.raises(ValueError, match="E2M1"):
-        bf.mx_quantize(x, "float8_e4m3fn", 16, recipe="sglang")
+    with pytest.raises(ValueError, match=r"E2M1.*E4M3"):
+        bf.mx_quantize(x, "float8_e5m2", 16, recipe="sglang")
 
 
 def test_fp4_mx_block16_against_an_independent_construction() -> None:
@@ -333,6 +350,97 @@ def test_fp4_mx_block16_matches_sglangs_torch_operations_bit_for_bit() -> None:
     assert np.array_equal(scale_bytes.numpy().reshape(ours.scale.shape), ours.scale)
     got = bf.mx_dequantize(ours)
     assert np.array_equal(back, got) and np.array_equal(np.signbit(back), np.signbit(got))
+
+
+# ------------------------------------- SGLang's mxfp8 (SGLang 0.5.23: mxfp8_quant_store_kv.py, mxfp8_quant.py)
+
+def _sglang_mxfp8_hard_blocks() -> np.ndarray:
+    """One block of 32 per row: the cases where SGLang's ceiling rule and OCP's floor rule part or meet."""
+    f = np.float32
+    x = np.zeros((9, 32), dtype=f)
+    x[0, :6] = [56.0, -28.0, 0.003 * 0.125, 2.0 ** -13, 3 * 2.0 ** -13, 1.0]   # max 448 x 2^-3: e = -3 (both)
+    x[1, :3] = [62.5, 0.3, 2.0 ** -12]                # max 500 x 2^-3: SGLang e = -2, OCP e = -3 (saturates)
+    x[2] = 0.0                                        # all zero: SGLang byte 19, OCP 0
+    x[3, :3] = [1e-35, -5e-36, 0.0]                   # max below 1e-30: floored, byte 19
+    x[4, :2] = [np.nextafter(f(448 * 2.0 ** -20), f(1)), 1e-7]   # float32 log2 rounds to -20: the clamp to 448
+    x[5, :4] = [-0.0, -1e-9, 1.0, -448.0]             # -0 kept, a negative rounded to zero reads -0
+    x[6, :2] = [1e-40, -3e-41]                        # float32 subnormals: zeros, signs kept
+    x[7] = 3e38                                       # the top of float32: byte 247
+    x[8] = np.linspace(-7.9, 7.9, 32)
+    return x
+
+
+def _sglang_mxfp8_restated(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """SGLang's mxfp8 rule stated from scratch: r = max(amax, 1e-30) / 448 in float32, its log2 correctly rounded
+    to float32 (through float64), ceil, + 127 clamped to [0, 254]; x / 2^e in float64 (exact), clamped to +-448,
+    the nearest E4M3 value from its table, ties to the even code. Returns (scale bytes, read-back)."""
+    xb = x.reshape(*x.shape[:-1], -1, 32).astype(np.float64)
+    r = (np.maximum(np.abs(xb).max(axis=-1).astype(np.float32), np.float32(1e-30)) / np.float32(448)).astype(
+        np.float32)
+    e = np.clip(np.ceil(np.log2(r.astype(np.float64)).astype(np.float32).astype(np.float64)) + 127, 0, 254) - 127
+    t = np.clip(xb / 2.0 ** e[..., None], -448.0, 448.0)
+    codes = np.arange(256, dtype=np.uint8)
+    vals = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    ok = np.isfinite(vals) & (vals >= 0)
+    grid, grid_codes = vals[ok], codes[ok]
+    order = np.argsort(grid)
+    grid, grid_codes = grid[order], grid_codes[order]
+    grid, first = np.unique(grid, return_index=True)
+    grid_codes = grid_codes[first]
+    m = np.abs(t)
+    i = np.clip(np.searchsorted(grid, m), 1, len(grid) - 1)
+    lo, hi = grid[i - 1], grid[i]
+    pick = np.where(m - lo < hi - m, lo, hi)
+    tie = (m - lo) == (hi - m)
+    pick = np.where(tie, np.where(grid_codes[i - 1] % 2 == 0, lo, hi), pick)
+    pick = np.where(m <= grid[0], grid[0], pick)
+    q = np.copysign(pick, t)
+    return (e + 127).astype(np.uint8), (q * 2.0 ** e[..., None]).reshape(x.shape)
+
+
+def test_mxfp8_is_sglangs_recipe_on_hard_blocks() -> None:
+    f = formats.get("mxfp8")
+    assert (f.family, f.recipe, f.block, f.block_bytes, f.scale_format) == ("mx", "sglang", 32, 33, "float8_e8m0fnu")
+    assert "SGLang mxfp8" in f.description and "OCP MXFP8" in f.description
+    x = _sglang_mxfp8_hard_blocks()
+    q = bf.mx_quantize(x, "float8_e4m3fn", 32, recipe="sglang")
+    ocp = bf.mx_quantize(x, "float8_e4m3fn", 32)
+    assert q.scale[:, 0].tolist() == [124, 125, 19, 19, 107, 127, 19, 247, 122]
+    assert ocp.scale[:, 0].tolist() == [124, 124, 0, 2, 107, 127, 0, 246, 121]
+    y, yo = bf.mx_dequantize(q), bf.mx_dequantize(ocp)
+    assert np.array_equal(y, quant.roundtrip(x, "mxfp8"))
+    # 448 x 2^-3 maps to 448 under both rules; e4m3 subnormals round to nearest even (2^-10 -> 0, 3 x 2^-10 -> 2^-8)
+    assert y[0, :6].tolist() == yo[0, :6].tolist() == [56.0, -28.0, 2.0 ** -11, 0.0, 2.0 ** -11, 1.0]
+    # a binade apart, the two rules differ only at the top and the bottom: 62.5 / 2^-2 = 250 -> 256: 64 (OCP
+    # saturates 500 to 448: 56); 0.3 reads 0.3125 under both; 2^-12 / 2^-2 = 2^-10 ties to 0 (OCP: 2^-9, kept)
+    assert y[1, :3].tolist() == [64.0, 0.3125, 0.0] and yo[1, :3].tolist() == [56.0, 0.3125, 2.0 ** -12]
+    assert not y[2].any() and not yo[2].any()
+    assert y[3, :2].tolist() == [2.0 ** -108 * 2.0 ** -9 * 2, -(2.0 ** -108) * 2.0 ** -9 * 1]
+    # the maximum / 2^-20 is just above 448: clamped, read back 448 x 2^-20 (the exact-ceil rule would take 2^-19)
+    assert y[4, 0] == np.float32(448 * 2.0 ** -20) < x[4, 0]
+    assert np.signbit(y[5, :2]).all() and y[5, 2:4].tolist() == [1.0, -448.0]
+    assert not y[6].any() and np.signbit(y[6, 1]) and yo[6, 0] > 0
+    assert np.isfinite(y[7]).all()
+    # max 7.9 in (448, 512) x 2^-6: SGLang 2^-5, OCP 2^-6; only the values above 7 = 448 x 2^-6 differ
+    assert y[8, [0, 1, -2, -1]].tolist() == [-8.0, -7.5, 7.5, 8.0] and yo[8, [0, -1]].tolist() == [-7.0, 7.0]
+    assert np.array_equal(y[8] != yo[8], np.abs(x[8]) > 7)
+    with pytest.raises(ValueError, match="'recipe'"):
+        bf.mx_quantize(x, "float8_e4m3fn", 32, recipe="torchao")
+
+
+def test_mxfp8_against_an_independent_restatement_of_sglangs_kernels() -> None:
+    """The hard blocks and Gaussian data (bf16-rounded, as SGLang's cache writes see it) against
+    :func:`_sglang_mxfp8_restated`, scales and values bit for bit, signs included; how far OCP MXFP8 is."""
+    g = (RNG.standard_normal((8192, 32)) * np.exp(RNG.uniform(-6, 6, (8192, 1)))).astype(np.float32)
+    x = np.concatenate([_sglang_mxfp8_hard_blocks(), g, g.astype(ml_dtypes.bfloat16).astype(np.float32)])
+    q = bf.mx_quantize(x, "float8_e4m3fn", 32, recipe="sglang")
+    scale, want = _sglang_mxfp8_restated(x)
+    got = bf.mx_dequantize(q)
+    assert np.array_equal(q.scale, scale)
+    assert np.array_equal(got.astype(np.float64), want) and np.array_equal(np.signbit(got), np.signbit(want))
+    part = (bf.mx_quantize(g, "float8_e4m3fn", 32).scale != bf.mx_quantize(g, "float8_e4m3fn", 32,
+                                                                             recipe="sglang").scale).mean()
+    assert 0.15 < float(part) < 0.25          # blocks whose maximum is in (448, 512) x 2^k: a binade apart
 
 
 # ------------------------------------------------------------------ fp8 e4m3fnuz (MI300)
@@ -571,6 +679,37 @@ def test_mx_matches_torchao_bit_for_bit(element: str, block: int) -> None:
     ours = bf.mx_quantize(x, element, block)
     assert np.array_equal(s.view(torch.uint8).numpy(), ours.scale)
     assert np.array_equal(ref, bf.mx_dequantize(ours))
+
+
+def test_mxfp8_sglang_recipe_is_torchaos_rceil_bit_for_bit() -> None:
+    """torchao's ScaleCalculationMode.RCEIL (``_to_mx_rceil``: ceil(log2(amax / 448)) clamped to +-127, x times
+    2^-e clamped to +-448, cast to e4m3) is SGLang's mxfp8 rule on every block whose maximum is at least 1e-30;
+    below it SGLang floors the maximum at 1e-30 (byte 19) where torchao takes the block's own exponent (byte 0 for
+    an all-zero block). CEIL (ceil(log2 amax) - 8) is another rule."""
+    torch = pytest.importorskip("torch")
+    mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    cfg = pytest.importorskip("torchao.prototype.mx_formats.config")
+    hard = np.zeros((16, 32), dtype=np.float32)
+    hard[:9] = _sglang_mxfp8_hard_blocks()
+    x = np.concatenate([_tie_rows(), hard.reshape(2, 256)])
+    s, d = mx.to_mx(torch.from_numpy(x), torch.float8_e4m3fn, 32, scaling_mode=cfg.ScaleCalculationMode.RCEIL)
+    ref = mx.to_dtype(d, s, torch.float8_e4m3fn, 32, torch.float32).numpy()
+    ours = bf.mx_quantize(x, "float8_e4m3fn", 32, recipe="sglang")
+    tiny = np.abs(x.reshape(*ours.scale.shape, 32)).max(axis=-1) < 1e-30
+    ts = s.view(torch.uint8).numpy().reshape(ours.scale.shape)
+    zero = np.abs(x.reshape(*ours.scale.shape, 32)).max(axis=-1) == 0
+    # all-zero blocks: torchao's ceil(log2(0)) clamps to byte 0; the 1e-35 block: torchao's own exponent,
+    # ceil(log2(1e-35 / 448)) = -125 (byte 2); the float32-subnormal block clamps to byte 0 too. SGLang's floor gives
+    # all of them 2^-108
+    assert tiny.sum() == 11 and (ts[zero] == 0).all() and ts[tiny & ~zero].tolist() == [2, 0]
+    assert (ours.scale[tiny] == 19).all()
+    assert np.array_equal(ts[~tiny], ours.scale[~tiny])
+    got = bf.mx_dequantize(ours)
+    keep = np.repeat(~tiny, 32, axis=-1).reshape(x.shape)
+    assert np.array_equal(ref[keep], got[keep]) and np.array_equal(np.signbit(ref), np.signbit(got))
+    assert not got[~keep].any() or np.abs(got[~keep]).max() < 1e-30
+    sc, _ = mx.to_mx(torch.from_numpy(x), torch.float8_e4m3fn, 32, scaling_mode=cfg.ScaleCalculationMode.CEIL)
+    assert not np.array_equal(sc.view(torch.uint8).numpy().reshape(ours.scale.shape)[~tiny], ours.scale[~tiny])
 
 
 def test_nvfp4_matches_torchao_bit_for_bit() -> None:

@@ -1,6 +1,6 @@
-"""Block-scaled float caches of 2026 engines, store then load: OCP MX (MXFP4, MXFP8), SGLang's
-``fp4_mx_block16`` (MX-style blocks of 16 with SGLang's own scale and rounding rule, ``recipe="sglang"``),
-NVIDIA's NVFP4 (and vLLM's ``nvfp4_4over6``), and fp8 e4m3fnuz (MI300).
+"""Block-scaled float caches of 2026 engines, store then load: OCP MX (MXFP4, MXFP8), SGLang's MX-style
+recipes (``fp4_mx_block16``: E2M1 blocks of 16; ``mxfp8``: E4M3 blocks of 32; ``recipe="sglang"``, a ceiling
+scale rule), NVIDIA's NVFP4 (and vLLM's ``nvfp4_4over6``), and fp8 e4m3fnuz (MI300).
 
 Blocks run along the last axis (a head's channels). Arithmetic is float32, as the engines' kernels
 and the reference code do: the input is rounded to float32 first, the quotient x / scale is formed
@@ -37,9 +37,32 @@ _E4M3_MAX = _F32(448.0)
 _E2M1_MAX = _F32(6.0)
 _E4M3_TINY = _F32(2.0 ** -6)          # torch.finfo(float8_e4m3fn).tiny: torchao's floor for NVFP4 block scales
 #: How an MX block's scale and elements are computed (see :func:`mx_quantize`): OCP MX v1.0, or SGLang's
-#: ``fp4_mx_block16`` (sgl-project/sglang kvfp4_tensor.py, data/storage_formats.md).
+#: (``fp4_mx_block16`` and ``mxfp8``; data/storage_formats.md).
 MX_RECIPES = ("ocp", "sglang")
-_SGLANG_AMAX_FLOOR = _F32(1e-10)      # SGLang clamps max|x| / 6 to at least 1e-10 before the log2
+
+
+@dataclass(frozen=True)
+class _SGLangRule:
+    """SGLang's ceiling rule for one element type: ``e = ceil(log2(r))`` with ``r = max(amax / top, floor)``
+    (``floor_first=False``) or ``max(amax, floor) / top`` (``floor_first=True``), in float32; elements ``x / 2^e``
+    rounded ties away from zero with no clip (``ties_away``) or saturated to ``top`` and rounded to nearest even."""
+
+    floor: np.float32
+    floor_first: bool
+    ties_away: bool
+
+
+#: SGLang's rule per element type. E2M1 (``fp4_mx_block16``): ``FP4MXBlock16KVQuantizeUtil.batched_quantize``,
+#: python/sglang/srt/layers/quantization/kvfp4_tensor.py at sgl-project/sglang 0dae407b (max|x| / 6 floored at
+#: 1e-10, the E2M1 code counts the midpoints reached). E4M3 (``mxfp8``): ``_mxfp8_quant_store_qkv_kernel``
+#: (sglang/kernels/ops/kvcache/mxfp8_quant_store_kv.py), ``_mxfp8_quant_kernel``
+#: (sglang/kernels/ops/quantization/mxfp8_quant.py) and ``mxfp8_scale_byte`` / ``store_mxfp8_vec``
+#: (sglang/kernels/jit/csrc/inkling/inkling_attn_prologue_fused.cuh), SGLang 0.5.23: max|x| floored at 1e-30,
+#: then / 448; the biased exponent clamped to [0, 254]; ``x / 2^e`` clamped to +-448 and cast to e4m3 (nearest even).
+_SGLANG_RULES: dict[str, _SGLangRule] = {
+    "float4_e2m1fn": _SGLangRule(_F32(1e-10), floor_first=False, ties_away=True),
+    "float8_e4m3fn": _SGLangRule(_F32(1e-30), floor_first=True, ties_away=False),
+}
 #: How the NVFP4 scales are computed (see :func:`nvfp4_quantize`).
 NVFP4_RECIPES = ("torchao", "compressed-tensors")
 
@@ -103,32 +126,43 @@ def mx_quantize(x: np.ndarray, element: str = "float4_e2m1fn", block: int = 32, 
     ``recipe="ocp"`` is OCP MX v1.0 (section 6.3): the shared scale is ``X = 2^(floor(log2(max|x|)) -
     emax_elem)`` (emax_elem 2 for E2M1, 8 for E4M3), clamped to E8M0's range 2^-127 .. 2^127; each element
     ``x / X`` is rounded to nearest even in ``element`` and saturated to its largest finite value. An
-    all-zero block stays zero (its scale is 2^-127). ``mxfp4`` and ``mxfp8`` are this rule.
+    all-zero block stays zero (its scale is 2^-127). ``mxfp4`` is this rule.
 
-    ``recipe="sglang"`` is SGLang's ``fp4_mx_block16`` (``FP4MXBlock16KVQuantizeUtil.batched_quantize`` in
-    sgl-project/sglang ``python/sglang/srt/layers/quantization/kvfp4_tensor.py`` at commit 0dae407b; E2M1
-    only): the exponent is ``e = ceil(log2(max(max|x| / 6, 1e-10)))``, computed in float32 as SGLang does for
-    a float32 cache (``/``, ``log2`` and ``ceil`` on float32 values), stored as ``e + 127``; each element
-    ``x / 2^e`` (so none exceeds 6 by more than a rounding, and nothing is clipped) takes the E2M1 code that
-    counts the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 it reaches (``>=``): nearest, **ties away from
-    zero**. An all-zero block gets exponent ceil(log2(1e-10)) = -33 and stays zero. (SGLang runs the
-    arithmetic in the cache's dtype; for a bf16 cache ``max|x| / 6`` is rounded to bf16 first, which moves
-    the exponent only where that rounding crosses a power of two.)
+    ``recipe="sglang"`` is SGLang's ceiling rule (E2M1 and E4M3 only; sources in ``_SGLANG_RULES`` and
+    data/storage_formats.md): the exponent is ``e = ceil(log2(r))`` in float32 (``/``, ``log2`` and ``ceil`` on
+    float32 values), with r the block maximum over the element's largest value, floored, so that ``max|x| / 2^e
+    <= top`` and nothing needs clipping beyond a rounding; stored as ``e + 127``, clamped to [0, 254].
+
+    - E2M1 (``fp4_mx_block16``, blocks of 16): ``r = max(max|x| / 6, 1e-10)``; each element ``x / 2^e`` takes the
+      E2M1 code that counts the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 it reaches (``>=``): nearest, **ties
+      away from zero**, not clipped; the sign bit is ``x < 0`` (an input -0 reads +0). An all-zero block gets
+      exponent ceil(log2(1e-10)) = -33 (byte 94). (SGLang runs this arithmetic in the cache's dtype; for a bf16
+      cache ``max|x| / 6`` is rounded to bf16 first, which moves the exponent only where that rounding crosses a
+      power of two.)
+    - E4M3 (``mxfp8``, blocks of 32): ``r = max(max|x|, 1e-30) / 448``; each element ``x / 2^e`` is clamped to
+      +-448 and rounded to nearest even (the sign kept, -0 included). An all-zero block gets exponent
+      ceil(log2(1e-30 / 448)) = -108 (byte 19), as does any block whose maximum is below 1e-30. Where OCP takes
+      ``floor(log2 max|x|) - 8``, this is one binade larger for blocks whose maximum lies in (448, 512) x 2^k
+      (OCP saturates their maximum to 448 x 2^k) and the same elsewhere, the all-zero and sub-1e-30 blocks apart.
     """
     if recipe not in MX_RECIPES:
         raise ValueError(f"parameter 'recipe' must be one of {list(MX_RECIPES)}, got {recipe!r}")
     _, top, emax = _element(element)
-    if recipe == "sglang" and element != "float4_e2m1fn":
-        raise ValueError(f"parameter 'element': SGLang's MX-style recipe (fp4_mx_block16) stores E2M1 "
-                         f"('float4_e2m1fn') only, got {element!r}")
+    if recipe == "sglang" and element not in _SGLANG_RULES:
+        raise ValueError(f"parameter 'element': SGLang's MX-style recipes store E2M1 ('float4_e2m1fn', "
+                         f"fp4_mx_block16) or E4M3 ('float8_e4m3fn', mxfp8) only, got {element!r}")
     xb, shape = _blocks(x, _check_block(block), f"MX blocks of {block}")
     amax = np.abs(xb).max(axis=-1)
     if recipe == "sglang":
-        with np.errstate(divide="ignore"):
-            e = np.ceil(np.log2(np.maximum((amax / _F32(top)).astype(_F32), _SGLANG_AMAX_FLOOR)))
-        shared = e.astype(np.int32)
+        rule = _SGLANG_RULES[element]
+        if rule.floor_first:
+            ratio = (np.maximum(amax, rule.floor) / _F32(top)).astype(_F32)
+        else:
+            ratio = np.maximum((amax / _F32(top)).astype(_F32), rule.floor)
+        shared = np.clip(np.ceil(np.log2(ratio)), -E8M0_BIAS, E8M0_BIAS).astype(np.int32)
         with np.errstate(under="ignore"):
-            q = _e2m1_ties_away(np.ldexp(xb, -shared[..., None]).astype(_F32))
+            scaled = np.ldexp(xb, -shared[..., None]).astype(_F32)
+        q = _e2m1_ties_away(scaled) if rule.ties_away else cast_element(scaled, element)
         return MXBlocks(element, tuple(shape), (shared + E8M0_BIAS).astype(np.uint8), q)
     _, e2 = np.frexp(amax)                                   # amax = m * 2^e2, m in [0.5, 1): floor(log2) = e2 - 1
     shared = np.where(amax > 0, e2.astype(np.int32) - 1 - emax, -E8M0_BIAS)
@@ -162,9 +196,10 @@ def mx_dequantize(blocks: MXBlocks) -> np.ndarray:
 def mx_roundtrip(x: np.ndarray, element: str = "float4_e2m1fn", block: int = 32, *,
                  recipe: str = "ocp") -> np.ndarray:
     """Store ``x`` in an MX format and load it back (float32, ``x``'s shape): ``mxfp4`` is
-    ``("float4_e2m1fn", 32)``, ``mxfp8`` ``("float8_e4m3fn", 32)`` (both ``recipe="ocp"``), SGLang's
-    ``fp4_mx_block16`` ``("float4_e2m1fn", 16, recipe="sglang")``. The read-back is ``q * 2^(byte - 127)``
-    for both recipes (SGLang's ``batched_dequantize``, then cast to bf16: exact for these values)."""
+    ``("float4_e2m1fn", 32)`` (``recipe="ocp"``), SGLang's ``mxfp8`` ``("float8_e4m3fn", 32, recipe="sglang")``
+    and ``fp4_mx_block16`` ``("float4_e2m1fn", 16, recipe="sglang")``; OCP MXFP8 is ``("float8_e4m3fn", 32)``.
+    The read-back is ``q * 2^(byte - 127)`` for both recipes (SGLang's ``batched_dequantize`` for E2M1, then cast
+    to bf16: exact for these values; FA4's block-scaled MXFP8 operands for E4M3)."""
     return mx_dequantize(mx_quantize(x, element, block, recipe=recipe))
 
 

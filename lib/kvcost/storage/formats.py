@@ -34,8 +34,11 @@ Names understood by :func:`get`:
                            the configuration of the KIVI paper
 ``nvfp4``,                 E2M1 values and a UE4M3 (e4m3fn) scale per 16 values, plus one
 ``nvfp4_4over6``           fp32 tensor scale (not counted): hd/2 + hd/16 bytes per head
-``mxfp4``,                 OCP MX v1.0: E2M1 elements, an E8M0 scale per 32 values (4.25
-``mxfp8``                  bits); E4M3 elements and an E8M0 scale per 32 (8.25 bits)
+``mxfp4``                  OCP MX v1.0: E2M1 elements, an E8M0 scale per 32 values (4.25 bits)
+``mxfp8``                  SGLang's ``mxfp8``: E4M3 elements and a UE8M0 scale per 32 (8.25 bits),
+                           2^ceil(log2(max/448)), elements clamped to 448 and rounded to nearest
+                           even (OCP MXFP8 takes 2^(floor(log2 max) - 8) and saturates: it is
+                           one binade finer where max/2^k is in (448, 512) and clips there)
 ``fp4_mx_block16``         SGLang's MX-style E2M1 blocks of 16 (4.5 bits): one biased exponent
                            byte per block, 2^ceil(log2(max/6)), elements rounded to nearest
                            with ties away from zero and never clipped (not the OCP rule)
@@ -52,9 +55,10 @@ Names understood by :func:`get`:
 Engine spellings (vLLM ``--kv-cache-dtype``, llama.cpp ``-ctk``/``-ctv``, SGLang
 ``--kv-cache-dtype``) are each format's :attr:`Format.engines`; :func:`engine_name` and
 :func:`from_engine` translate both ways, and :func:`get` accepts the unambiguous ones
-(``float16``, ``fp8_per_token_head``, ``int8_per_token_head``, ...); a name an engine has but
-refuses (SGLang's ``fp4_e2m1``, :data:`ENGINE_REFUSED`) is an error in the engine's words. Sources of every layout:
-``data/storage_formats.md`` and ``data/ggml_formats.md``.
+(``float16``, ``fp8_per_token_head``, ``int8_per_token_head``, ...). A name an engine has (or had) that kvcost
+knows but does not model (:data:`ENGINE_UNMODELLED`: SGLang's refused ``fp4_e2m1``, vLLM's ROCm-only Octave and
+UltraQuant caches) is an error that says which engine's name it is, why it is not modelled and what is. Sources of
+every layout: ``data/storage_formats.md`` and ``data/ggml_formats.md``.
 
 This module imports only the standard library so ``python -m kvcost`` stays fast.
 """
@@ -68,7 +72,7 @@ from fractions import Fraction
 __all__ = [
     "Format", "get", "names", "all_names", "bytes_per_value", "bits_per_value", "row_bytes",
     "fixed_bytes", "describe", "describe_full", "engine_name", "from_engine", "ENGINES", "GGML_BLOCKS", "BLOCK_FLOATS",
-    "NAMES_2026", "TURBOQUANT", "TurboQuantSlot", "turboquant_slot", "MLA_RECORDS", "ENGINE_REFUSED",
+    "NAMES_2026", "TURBOQUANT", "TurboQuantSlot", "turboquant_slot", "MLA_RECORDS", "ENGINE_UNMODELLED",
 ]
 
 #: llama.cpp block formats usable for the KV cache (ggml-common.h block structs):
@@ -86,8 +90,10 @@ GGML_BLOCKS: dict[str, tuple[int, int, int, str]] = {
 #: element bits, block-scale type, scale bytes per block, family, recipe, description). Element and scale
 #: types are ml_dtypes names; ``nvfp4`` also keeps one fp32 scale per tensor, not counted. The recipe is how
 #: the quantizer (kvcost.storage.blockfloat) computes the block scale and rounds the elements: ``ocp`` (OCP MX
-#: v1.0), ``sglang`` (SGLang's fp4_mx_block16: ceil(log2(max/6)) exponent, ties away from zero, no
-#: saturation), ``""`` for NVFP4 (its own recipes).
+#: v1.0), ``sglang`` (SGLang's ceiling rule: fp4_mx_block16's ceil(log2(max/6)) exponent, ties away from zero, no
+#: saturation; mxfp8's ceil(log2(max/448)) exponent, nearest even), ``""`` for NVFP4 (its own recipes). ``mxfp8``
+#: is reached from engines only through SGLang's ``--kv-cache-dtype mxfp8`` (vLLM 0.33.0's CacheDType has no MX
+#: name), so it is SGLang's recipe; OCP MXFP8 is ``blockfloat.mx_roundtrip(x, "float8_e4m3fn", 32)``.
 BLOCK_FLOATS: dict[str, tuple[int, str, int, str, int, str, str, str]] = {
     "nvfp4": (16, "float4_e2m1fn", 4, "float8_e4m3fn", 1, "nvfp4", "",
               "NVFP4: E2M1 values, a UE4M3 scale per 16, an fp32 tensor scale (not counted)"),
@@ -98,8 +104,9 @@ BLOCK_FLOATS: dict[str, tuple[int, str, int, str, int, str, str, str]] = {
     "fp4_mx_block16": (16, "float4_e2m1fn", 4, "float8_e8m0fnu", 1, "mx", "sglang",
                        "SGLang fp4_mx_block16: E2M1 values (ties away from zero, never clipped), a biased exponent "
                        "2^ceil(log2(max/6)) per 16 (E8M0 encoding)"),
-    "mxfp8": (32, "float8_e4m3fn", 8, "float8_e8m0fnu", 1, "mx", "ocp",
-              "OCP MXFP8: E4M3 values, an E8M0 scale per 32"),
+    "mxfp8": (32, "float8_e4m3fn", 8, "float8_e8m0fnu", 1, "mx", "sglang",
+              "SGLang mxfp8: E4M3 values (nearest even, clamped to 448), a UE8M0 scale 2^ceil(log2(max/448)) per 32 "
+              "(OCP MXFP8's is 2^(floor(log2 max) - 8), saturating)"),
 }
 
 #: vLLM's TurboQuant presets (``vllm/model_executor/layers/quantization/turboquant/config.py``, ``TQ_PRESETS``;
@@ -133,7 +140,8 @@ MLA_RECORDS: dict[str, tuple[int, int, str, str]] = {
 #: Engine spellings: engine -> {engine's name: kvcost name}. vLLM ``--kv-cache-dtype``
 #: (vllm/config/cache.py ``CacheDType``), llama.cpp ``-ctk``/``-ctv`` (``kv_cache_types`` in
 #: common/arg.cpp), SGLang ``--kv-cache-dtype`` (sgl-project/sglang python/sglang/srt/server_args.py at commit
-#: 001067ff, ``kv_cache_dtype`` choices); sources in data/storage_formats.md. ``auto`` (the model's dtype) is not
+#: 001067ff, ``kv_cache_dtype`` choices, the same as the SGLang 0.5.23 release's but for fp4_e2m1); sources in
+#: data/storage_formats.md. Names known and not modelled: :data:`ENGINE_UNMODELLED`. ``auto`` (the model's dtype) is not
 #: a format and is left to the engine models. SGLang's ``fp8_e4m3`` / ``fp8_e5m2`` are ROCm's fnuz type on HIP
 #: (one name, two element types, as vLLM's ``fp8``): the CUDA meaning is listed.
 ENGINES: dict[str, dict[str, str]] = {
@@ -148,14 +156,30 @@ ENGINES: dict[str, dict[str, str]] = {
                "mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp4_mx_block16": "fp4_mx_block16"},
 }
 
-#: Engine names that exist and map to no format, with why: engine -> {name: the engine's own words}.
-#: SGLang's ``fp4_e2m1`` is still a ``--kv-cache-dtype`` choice (server_args.py at 001067ff) but
-#: ``configure_kv_cache_dtype`` (python/sglang/srt/mem_cache/kv_cache_dtype.py at commit 10a75eae) raises on it.
-ENGINE_REFUSED: dict[str, dict[str, str]] = {
-    "sglang": {"fp4_e2m1": "SGLang refuses it: '--kv-cache-dtype=fp4_e2m1 is deprecated. Use "
-                           "--kv-cache-dtype=fp4_mx_block16.' (configure_kv_cache_dtype, "
-                           "python/sglang/srt/mem_cache/kv_cache_dtype.py at sgl-project/sglang 10a75eae); its "
+#: Engine names kvcost knows but does not model, with why: engine -> {name: why}. :func:`get` and
+#: :func:`from_engine` raise with the why and the engine's modelled names. Sources: data/storage_formats.md.
+#: SGLang's ``fp4_e2m1``: ``configure_kv_cache_dtype`` (python/sglang/srt/mem_cache/kv_cache_dtype.py at commit
+#: 10a75eae) raised on it while server_args.py at 001067ff still listed it; the SGLang 0.5.23 release drops it from
+#: the choices (sglang/srt/arg_groups/fields/model.py). vLLM 0.33.0's ``CacheDType`` (vllm/config/cache.py, release
+#: commit 4ba787ec9) adds the Octave and UltraQuant caches, served only by ROCm backends (vllm/platforms/rocm.py).
+ENGINE_UNMODELLED: dict[str, dict[str, str]] = {
+    "sglang": {"fp4_e2m1": "SGLang refused it ('--kv-cache-dtype=fp4_e2m1 is deprecated. Use "
+                           "--kv-cache-dtype=fp4_mx_block16.', configure_kv_cache_dtype in "
+                           "python/sglang/srt/mem_cache/kv_cache_dtype.py at sgl-project/sglang 10a75eae) and the "
+                           "SGLang 0.5.23 release no longer offers it (sglang/srt/arg_groups/fields/model.py); its "
                            "replacement is kvcost's fp4_mx_block16"},
+    "vllm": {
+        **{n: f"vLLM 0.33.0's ROCm Octave cache ({k}, {v}-bit V, Lloyd-Max codes of sign-flipped Hadamard-rotated "
+              "values with fp16 scales; ROCM_OCTAVE backend, RDNA3 / CDNA3 only, "
+              "vllm/v1/attention/ops/rocm_octave.py): its slot bytes depend on the model's RoPE width and it has no "
+              "quantizer here"
+           for n, k, v in (("octave_k3v4", "K 4-bit on the RoPE blocks and 3-bit on the rest, in 64-wide blocks", 4),
+                           ("octave_k3v3", "K 4-bit on the RoPE blocks and 3-bit on the rest, in 64-wide blocks", 3),
+                           ("octave_k3v3_compact", "K 3-bit under one whole-head rotation and one scale", 3))},
+        "ultraquant_4bit": "vLLM 0.33.0's ROCm UltraQuant cache (E2M1 codes and a UE8M0 scale 2^round(log2(0.156 "
+                           "max)) per 32, Hadamard-rotated K; ULTRAQUANT backend, vllm/v1/attention/ops/ultraquant/"
+                           "format.py): its rounding and rotation have no quantizer here",
+    },
 }
 
 _PLAIN: dict[str, tuple[int, str]] = {
@@ -417,8 +441,25 @@ def get(fmt: str | Format) -> Format:
         raise ValueError(_AMBIGUOUS[key])
     key = _ALIASES.get(key, key)
     if key not in _CACHE:
+        unmodelled = _unmodelled(key)
+        if unmodelled:
+            raise ValueError(unmodelled)
         _CACHE[key] = _build(key)
     return _CACHE[key]
+
+
+_ENGINE_FLAGS = {"vllm": "vLLM --kv-cache-dtype", "sglang": "SGLang --kv-cache-dtype",
+                 "llama.cpp": "llama.cpp -ctk/-ctv"}
+
+
+def _unmodelled(name: str) -> str:
+    """Why ``name``, an engine's cache dtype kvcost knows but does not model, is refused ("" if it is not one)."""
+    for engine, table in ENGINE_UNMODELLED.items():
+        if name in table:
+            return (f"{_ENGINE_FLAGS[engine]} {name} is known to kvcost but not modelled: {table[name]}. "
+                    f"{_ENGINE_FLAGS[engine]} values kvcost models: {', '.join(sorted(ENGINES[engine]))} (every "
+                    "format: python -m kvcost formats)")
+    return ""
 
 
 def names() -> list[str]:
@@ -447,11 +488,12 @@ def engine_name(fmt: str | Format, engine: str) -> str | None:
 
 def from_engine(name: str, engine: str) -> Format:
     """The :class:`Format` an engine's cache-dtype name stands for; ValueError naming the engine's choices, or,
-    for a name the engine has but refuses (SGLang's ``fp4_e2m1``), saying so in the engine's own words."""
+    for a name kvcost knows but does not model (:data:`ENGINE_UNMODELLED`), saying why."""
     table = _engine_table(engine)
-    refused = ENGINE_REFUSED.get(engine, {})
-    if isinstance(name, str) and name in refused:
-        raise ValueError(f"parameter 'name': {engine}'s KV cache dtype {name!r} maps to no format: {refused[name]}")
+    unmodelled = ENGINE_UNMODELLED.get(engine, {})
+    if isinstance(name, str) and name in unmodelled:
+        raise ValueError(f"parameter 'name': {engine}'s KV cache dtype {name!r} maps to no format (known, not "
+                         f"modelled): {unmodelled[name]}; modelled: {', '.join(sorted(table))}")
     if not isinstance(name, str) or name not in table:
         raise ValueError(f"parameter 'name': {engine} has no KV cache dtype {name!r}; known: {sorted(table)}")
     return get(table[name])

@@ -413,8 +413,9 @@ def roundtrip(x: np.ndarray, fmt: str | CacheSpec, *, role: str = "v") -> np.nda
     codes or fp8) rather than its V half (uniform codes). ``exact`` (alias ``none``) returns ``x`` unchanged. Plain
     floats and fp8 keep ``x``'s floating dtype (one rounding from its precision, saturating at the
     largest finite value; fp8 at scale 1.0, vLLM's uncalibrated default); block
-    formats compute and return float32. ``mxfp4`` / ``mxfp8`` follow OCP MX v1.0, ``fp4_mx_block16``
-    SGLang's own recipe (exponent ceil(log2(max/6)), ties away from zero, no saturation), ``nvfp4``
+    formats compute and return float32. ``mxfp4`` follows OCP MX v1.0, ``mxfp8`` and ``fp4_mx_block16``
+    SGLang's own recipes (exponent ceil(log2(max/448)), nearest even; ceil(log2(max/6)), ties away from zero, no
+    saturation), ``nvfp4``
     torchao's NVFP4 arithmetic with the array's own amax as tensor scale, llama.cpp's blocks its reference
     quantizers bit for bit.
     """
