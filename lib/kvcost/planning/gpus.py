@@ -40,9 +40,12 @@ BACKEND_ONLY: dict[str, tuple[str, str, tuple[str, ...], str]] = {
                    "DeepSeek's sparse MLA kernels read the 656-byte record (vllm/v1/attention/backends/mla/"
                    "flashmla_sparse.py at commit 008a0c31)"),
     "nvfp4_ds_mla": ("vLLM", "FLASHMLA_SPARSE", SM100,
-                     "supports_combination refuses it off SM100 (flashmla_sparse.py at commit 008a0c31); on SM100 "
-                     "the attended 352-byte rows are dequantized to fp8 e4m3 staging rows for FlashInfer's sparse "
-                     "MLA kernel (nvfp4_ds_mla_fp8_gather.py at commit 6e0ea942)"),
+                     "supports_combination refuses it off SM100 (flashmla_sparse.py at commit 008a0c31 and in the "
+                     "vLLM 0.33.0 release, commit 4ba787ec9); on SM100 FlashMLA's sparse decode kernel reads the "
+                     "352-byte records as stored (flash_mla_with_kvcache, the format told by its bytes per token) and "
+                     "prefill gathers them upconverted to a bf16 workspace (cp_gather_and_upconvert_nvfp4_kv_cache); "
+                     "no FlashInfer sparse MLA backend accepts it in 0.33.0 (the fp8 staging path of "
+                     "nvfp4_ds_mla_fp8_gather.py at commit 6e0ea942 is not in the release)"),
 }
 
 

@@ -128,8 +128,9 @@ _FP8_ELEMENTS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "fl
 #: "head"), data/storage_formats.md: name -> (latent values, bytes per token and layer, the per-value format the
 #: post's naive formula prices it in, layout). ``fp8_ds_mla``: vllm ``flashmla_sparse.py`` at commit 008a0c31 and
 #: ``MLAAttentionSpec.real_page_size_bytes`` at 001cabc1; ``nvfp4_ds_mla`` (SM100 only): ``flashmla_sparse.py`` at
-#: 008a0c31 and ``NVFP4_DS_MLA_ROW_BYTES`` in ``nvfp4_ds_mla_fp8_gather.py`` at 6e0ea942. They size MLA layers
-#: only; they are records, not per-value formats, and have no round trip here.
+#: 008a0c31 and in the vLLM 0.33.0 release, whose ``MLAAttention.get_kv_cache_spec`` (mla_attention.py) sets
+#: ``state_content_bytes`` 352. They size MLA layers only; they are records, not per-value formats, and have no
+#: round trip here.
 MLA_RECORDS: dict[str, tuple[int, int, str, str]] = {
     "fp8_ds_mla": (576, 656, "fp8_e4m3", "512 fp8 e4m3 NoPE values + 4 fp32 scales (one per 128) + 64 bf16 RoPE "
                                          "values = 656 bytes per token"),
