@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvcost import paths
+from kvcost import paths, stats
 from kvcost.claims import accumulation_beyond_flat, report
 from kvcost.claims import long_range_needle as claims
 from kvcost.experiments import long_range_needle as lr
@@ -266,3 +266,32 @@ def test_committed_retrieval_checks_sha256_and_covers_every_head(tmp_path, qhead
         lr.committed_retrieval(folder=str(tmp_path))
     n, diff, same = lr.retrieval_difference(df, df.copy())
     assert n == len(df) and diff == 0.0 and same
+
+
+def test_head_spread_shows_what_a_pooled_rate_hides():
+    from kvcost.claims import which_gpu as claims_wg
+    from kvcost.experiments import which_gpu as wg
+    rows = []
+    for kern, lose in (("lossy", {"L3q1", "L3q2"}), ("clean", set())):
+        for layer in (0, 3):
+            for q in range(3):
+                for t in range(4):
+                    head = f"L{layer}q{q}"
+                    rows.append({"kernel": kern, "gpu": "Hopper", "n_tokens": 4096, "layer": layer, "head": head,
+                                 "trial": t, "kept": not (head in lose and (head == "L3q1" or t < 2))})
+    rates = wg.head_rates(pd.DataFrame(rows))
+    assert list(rates.loc[rates["kernel"] == "lossy", "kept"]) == [4, 4, 4, 4, 0, 2]
+    assert list(rates["q_head"][:3]) == [0, 1, 2]
+    spread = wg.head_spread(rates).set_index("kernel")
+    lossy, clean = spread.loc["lossy"], spread.loc["clean"]
+    assert (lossy["heads"], lossy["heads_all_kept"], lossy["heads_none_kept"], lossy["kept"], lossy["haystacks"]) == (
+        6, 4, 1, 18, 24)
+    assert lossy["lossy_layers"] == "3" and clean["lossy_layers"] == ""
+    # the clustered interval sees six heads, not 24 haystacks: wider than the binomial one
+    assert lossy["hi"] - lossy["lo"] > stats.wilson(18, 24)[1] - stats.wilson(18, 24)[0]
+    text = claims_wg.every_head_text(wg.head_spread(rates))
+    assert text.startswith("**Per head** (6 query heads, 4 haystacks each, at 4,096 tokens): lossy on Hopper kept "
+                           "18/24 = 75%")
+    assert "2 heads lost at least one haystack, 1 lost every one, in layers 3" in text
+    assert f"No loss detected for the other 1 kernels: every haystack kept on every head (a loss rate above " \
+           f"{1 - clean['lo']:.1%} would have been seen)" in text
