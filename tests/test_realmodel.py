@@ -297,6 +297,28 @@ def test_format_table_intervals():
     assert r["kl_lo"] == 0.0 < r["kl"]
 
 
+def test_fp4_placement_pairs_windows_and_says_where_each_fp4_format_sits():
+    kl = {"q4_0": [0.10, 0.20, 0.15], "fp8_e4m3": [0.01, 0.02, 0.015], "nvfp4@hf": [0.05, 0.10, 0.075],
+          "mxfp4@hf": [0.2, 0.4, 0.31]}
+    df = pd.DataFrame(_rows("fp32", [2.0] * 3, [0] * 3) + _rows("fp16", [2.0] * 3, [0] * 3)
+                      + [r for f, v in kl.items() for r in _rows(f, [2.1] * 3, v)])
+    df["context"] = 2048
+    r = real.paired_ratio(df, 2048, "nvfp4@hf", "q4_0")
+    assert r["windows"] == 3 and r["ratio"] == pytest.approx(0.5) and r["lo"] == pytest.approx(0.5)
+    assert real.paired_ratio(df, 2048, "nvfp4@hf", "fp8_e4m3")["ratio"] == pytest.approx(5.0)
+    assert real.paired_ratio(df, 4096, "nvfp4@hf", "q4_0") is None        # no windows at that context
+    assert real.element_of("nvfp4@hf") == "float4_e2m1fn" and real.element_of("q8_0/q4_0") != "float4_e2m1fn"
+    pk = pd.DataFrame([{"context": 1024, "variant": f"store:{f}", "successes": k, "trials": 20}
+                       for f, k in (("nvfp4@hf", 17), ("mxfp4@hf", 12), ("q4_0", 9), ("fp8_e4m3", 20))])
+    text = claims.fp4_placement(df, real.format_table(df), 2048, pk)
+    assert "nvfp4@hf 0.50 [0.50, 0.50] x q4_0's and 5.0 [5.0, 5.0] x fp8_e4m3's (between them)" in text
+    assert "mxfp4@hf 2.02 [" in text and "(worse than q4_0)" in text
+    assert text.index("nvfp4@hf") < text.index("mxfp4@hf")            # ordered by KL
+    assert text.endswith("Passkey at 1,024 tokens: nvfp4@hf 17/20, mxfp4@hf 12/20, q4_0 9/20, fp8_e4m3 20/20.")
+    assert claims.fp4_placement(df[~df["format"].isin(["nvfp4@hf", "mxfp4@hf"])],
+                                real.format_table(df), 2048) == ""
+
+
 def test_llamacpp_comparison_and_agreement():
     ours = pd.DataFrame(_rows("fp32", [2.0, 3.0], [0, 0]) + _rows("fp16", [2.0, 3.0], [0, 0])
                         + _rows("q8_0", [2.01, 3.01], [0.01, 0.01]))
@@ -779,10 +801,12 @@ def test_fa3_attention_leaves_sliding_layers_exact():
 
 
 def test_committed_gemma_storage_window():
-    """Gemma 3 270M's first 2k window (committed, one window so far: no interval yet): KL from the fp32 cache
-    orders bf16 < q8_0 < K q8_0/V q4_0 < fp8 (scale 1) < KIVI-4 < NVFP4 < q4_0; V alone in q4_0 costs a tenth
-    of K and V in q4_0; and on this window the 256 x 256 Hadamard rotation makes q4_0 worse, not better."""
-    t = real.format_table(real.load_windows("gemma3_270m/ppl_windows.csv")).set_index("format")
+    """Gemma 3 270M's first 2k window: KL from the fp32 cache orders bf16 < q8_0 < K q8_0/V q4_0 < fp8 (scale 1)
+    < KIVI-4 < NVFP4 < q4_0; V alone in q4_0 costs a tenth of K and V in q4_0; and on this window the 256 x 256
+    Hadamard rotation makes q4_0 worse, not better. Over the windows committed since, q4_0's KL interval lies
+    above q8_0's."""
+    df = real.load_windows("gemma3_270m/ppl_windows.csv")
+    t = real.format_table(df[df["window"] == 0]).set_index("format")
     kl = t["kl"]
     assert set(t["windows"]) == {1} and set(t["tokens"]) == {1023}
     assert kl["fp16"] < 1e-6 < kl["bf16"] < kl["q8_0"] < kl["q8_0/q4_0"] < kl["fp8_e4m3"] < kl["kivi4"] < kl["nvfp4"]
@@ -792,3 +816,6 @@ def test_committed_gemma_storage_window():
                                                                                                               abs=1e-4)
     prov = real.load_provenance("gemma3_270m/ppl_windows.json")
     assert (prov["model"], prov["attention"], prov["bos_first"]) == ("gemma3-270m", "banded", True)
+    every = real.format_table(df).set_index("format")
+    assert every["windows"].min() >= 2 and (every["tokens"] == 1023 * every["windows"]).all()
+    assert every.loc["q4_0", "kl_lo"] > every.loc["q8_0", "kl_hi"]

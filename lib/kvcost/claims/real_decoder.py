@@ -17,7 +17,8 @@ from kvcost.experiments import real_decoder as tables
 from kvcost.paths import data_dir, data_path
 from kvcost.provenance import checked
 
-__all__ = ["MATCH_REL", "ROTATION_MOST", "errata", "layout_check", "load_claims", "printed", "readings",
+__all__ = ["FP4_REFERENCES", "MATCH_REL", "ROTATION_MOST", "fp4_placement",
+           "errata", "layout_check", "load_claims", "printed", "readings",
            "register_failure", "storage_symptom", "verdict"]
 
 #: "matches f16 perplexity" is read as: the mean Δ perplexity from the fp16 cache is within
@@ -312,10 +313,55 @@ def errata() -> list[Check]:
     return []
 
 
+#: Where FP4 is placed: against the 4-bit block format llama.cpp ships and the FP8 cache engines ship.
+FP4_REFERENCES = ("q4_0", "fp8_e4m3")
+
+
+def fp4_placement(windows: pd.DataFrame, fmt_table: pd.DataFrame, context: int, passkey: pd.DataFrame | None = None,
+                  refs: tuple[str, str] = FP4_REFERENCES) -> str:
+    """Where each FP4 format (E2M1 elements: NVFP4 with its E4M3 scale per 16, the MX ones with a power-of-two
+    E8M0 scale per 16 or 32) sits between ``refs`` (q4_0 and fp8_e4m3) on the real decoder: its KL to the fp32
+    cache as a ratio to each reference's on the same windows (:func:`kvcost.experiments.real_decoder.
+    paired_ratio`: geometric mean, 95% t interval over windows), in the channel order its engine uses, and its
+    passkey beside theirs where ``passkey`` (:func:`kvcost.experiments.real_decoder.passkey_table`) has them all,
+    at the longest such context. "Between" needs both intervals to exclude 1 (below q4_0's, above fp8's)."""
+    rows = fmt_table[(fmt_table["context"] == context) & fmt_table["engine_order"]]
+    fp4 = [f for f in rows["format"] if tables.element_of(f) == "float4_e2m1fn"]
+    lo_ref, hi_ref = refs
+    parts, where = [], {}
+    for f in sorted(fp4, key=lambda x: float(rows.set_index("format").loc[x, "kl"])):
+        a, b = tables.paired_ratio(windows, context, f, lo_ref), tables.paired_ratio(windows, context, f, hi_ref)
+        if a is None or b is None:
+            continue
+        place = ("between them" if a["hi"] < 1 and b["lo"] > 1 else f"worse than {lo_ref}" if a["lo"] > 1
+                 else f"better than {hi_ref}" if b["hi"] < 1 else "not separated from one of them")
+        where[f] = place
+        parts.append(f"{f} {a['ratio']:.2f} [{a['lo']:.2f}, {a['hi']:.2f}] x {lo_ref}'s and {b['ratio']:.1f} "
+                     f"[{b['lo']:.1f}, {b['hi']:.1f}] x {hi_ref}'s ({place})")
+    if not parts:
+        return ""
+    n = tables.paired_ratio(windows, context, next(iter(where)), lo_ref)["windows"]
+    text = (f"**Where FP4 sits** (SmolLM2-135M, {context:,} tokens, {n} windows): KL to the fp32 cache against "
+            f"{lo_ref}'s and {hi_ref}'s on the same windows (geometric mean of the per-window ratio, 95% interval): "
+            + "; ".join(parts) + ".")
+    if passkey is not None and not passkey.empty:
+        pk = passkey.set_index(["context", "variant"])
+        ctx = [c for c in sorted(passkey["context"].unique())
+               if all((c, v) in pk.index for v in [f"store:{x}" for x in (*where, *refs)])]
+        if ctx:
+            c = ctx[-1]
+            text += (f" Passkey at {int(c):,} tokens: " + ", ".join(
+                f"{x} {int(pk.loc[(c, f'store:{x}'), 'successes'])}/{int(pk.loc[(c, f'store:{x}'), 'trials'])}"
+                for x in (*where, *refs)) + ".")
+    return text
+
+
 def verdict(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int, comparison: pd.DataFrame,
-            passkey: pd.DataFrame, modes: pd.DataFrame | None, storage: pd.DataFrame, unit: pd.DataFrame) -> Verdict:
+            passkey: pd.DataFrame, modes: pd.DataFrame | None, storage: pd.DataFrame, unit: pd.DataFrame,
+            windows: pd.DataFrame | None = None) -> Verdict:
     """Notebook 08's verdict: llama.cpp's numbers against the simulated formats (:func:`printed`), the
-    readings (:func:`readings`, same arguments), and the runs committed behind them."""
+    readings (:func:`readings`, same arguments), the runs committed behind them, and with the per-window rows
+    (``windows``) where FP4 sits between q4_0 and fp8 (:func:`fp4_placement`)."""
     engine = printed(comparison)
     done = fmt_table.groupby("context")["windows"].agg(["min", "max"])
     extra = ("Runs committed: " + "; ".join(f"{c} tokens: {r['min']}-{r['max']} windows per format"
@@ -323,6 +369,8 @@ def verdict(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int, compari
              + f". llama.cpp: {len(comparison)} formats compared, {sum(c.agrees for c in engine)} of {len(engine)} "
              "checks agree within the stated tolerances."
              + (f" Passkey cells: {len(passkey)}." if not passkey.empty else " Passkey: no committed grid."))
+    fp4 = "" if windows is None else fp4_placement(windows, fmt_table, context, passkey)
+    extra = f"{fp4}\n\n{extra}" if fp4 else extra
     return Verdict(printed=engine, readings=readings(fmt_table, claims, context, passkey, modes, storage, unit,
                                                      comparison),
                    errata=errata(), what="checks of simulated formats against llama.cpp", extra=extra)

@@ -32,6 +32,7 @@ from kvcost.provenance import checked
 from kvcost.storage.spec import CacheSpec, parse_spec
 
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "engine_order",
+           "element_of", "paired_ratio",
            "fast_vs_faithful",
            "fast_vs_faithful_summary", "format_table", "head_summary", "structure_by_layer_type",
            "layout_comparison", "live_slice",
@@ -136,6 +137,26 @@ def format_table(df: pd.DataFrame, min_windows: int = 1) -> pd.DataFrame:
     cols = ["context", "format", "k_order", "engine_order", "rotated", "windows", "tokens"] + [
         f"{c}{s}" for c in ("ppl", "dppl", "dppl16", "kl", "top1") for s in ("", "_lo", "_hi")]
     return pd.DataFrame(rows, columns=cols).sort_values(["context", "kl", "format"], ignore_index=True)
+
+
+def paired_ratio(df: pd.DataFrame, context: int, fmt: str, ref: str, col: str = "kl") -> dict | None:
+    """``fmt``'s ``col`` (``kl`` or ``dppl``, per window, :func:`format_table`'s quantities) against ``ref``'s on
+    the same windows at ``context``: the geometric mean of the per-window ratio fmt / ref with a Student-t 95%
+    interval over windows (on the logs), and the windows paired. None when they share fewer than two windows or a
+    ratio is not positive."""
+    d = _per_window(df)
+    d = d[d["context"] == context]
+    a = d[d["format"] == fmt].set_index("window")[col]
+    b = d[d["format"] == ref].set_index("window")[col]
+    common = a.index.intersection(b.index)
+    if len(common) < 2:
+        return None
+    r = a.loc[common].to_numpy() / b.loc[common].to_numpy()
+    if not np.all(r > 0):
+        return None
+    m, lo, hi = _t_interval(np.log(r))
+    return {"format": fmt, "ref": ref, "context": int(context), "col": col, "windows": len(common),
+            "ratio": math.exp(m), "lo": math.exp(lo), "hi": math.exp(hi)}
 
 
 def agreement(ours: float, ours_half: float, theirs: float, theirs_half: float, floor: float) -> bool:
@@ -262,6 +283,13 @@ def engine_order(spec: CacheSpec) -> bool:
 
 def _spec(fmt: str) -> CacheSpec:
     return parse_spec(fmt, param="format")
+
+
+def element_of(fmt: str) -> str:
+    """The element type (an ml_dtypes name, or the registry's family for formats without one) of K's format
+    in a stored-format spec such as ``nvfp4@hf`` or ``q8_0/q4_0``."""
+    f = _spec(fmt).k_format
+    return f.element or f.family
 
 
 def _in_hf_order(variant: str) -> bool:
