@@ -319,6 +319,40 @@ def test_fp4_placement_pairs_windows_and_says_where_each_fp4_format_sits():
                                 real.format_table(df), 2048) == ""
 
 
+def _pk_rows(context: int, rates: dict[str, float], trials: int = 20) -> list[dict]:
+    """Trials whose successes give each variant exactly ``rates`` (the first rate x trials trials succeed)."""
+    return [{"context": context, "trial": t, "variant": v, "success": int(t < round(r * trials))}
+            for v, r in rates.items() for t in range(trials)]
+
+
+def test_collapse_bootstrap_carries_the_interval_to_the_predicted_context():
+    # 1k collapses at b = 5 (x_c 32) and 2k at b = 6 (x_c 32): the law holds and a 13-bit register fails at 32·2^13
+    rows = pd.DataFrame(_pk_rows(1024, {"exact": 1.0, "fa3": 1.0, "fa3:frac_bits=6": 0.9, "fa3:frac_bits=5": 0.2,
+                                        "fa3:frac_bits=4": 0.0})
+                        + _pk_rows(2048, {"exact": 1.0, "fa3": 1.0, "fa3:frac_bits=7": 0.95, "fa3:frac_bits=6": 0.1,
+                                          "fa3:frac_bits=5": 0.0}))
+    per, fit = real.collapse_bootstrap(rows, boot=200)
+    assert list(per["collapse_bits"]) == [5, 6] and list(per["x_c"]) == [32.0, 32.0]
+    assert fit["law_holds"] and fit["contexts"] == 2 and fit["n_fail"] == pytest.approx(32 * 2 ** 13)
+    assert fit["n_lo"] <= 32 * 2 ** 13 <= fit["n_hi"]
+    # a rate at half exact's is a collapse, a rate above is not; resampled trials move it: the interval shows
+    assert per.loc[0, "x_lo"] <= 32 <= per.loc[0, "x_hi"]
+    # a context without a collapse bounds x_c from below only and is left out of the pooled x_c
+    held = pd.DataFrame(_pk_rows(4096, {"exact": 1.0, "fa3": 1.0, "fa3:frac_bits=6": 0.9, "fa3:frac_bits=5": 0.8}))
+    per2, fit2 = real.collapse_bootstrap(pd.concat([rows, held]), boot=200)
+    assert math.isinf(per2.loc[2, "x_c"]) and per2.loc[2, "no_collapse_share"] > 0.9 and fit2["contexts"] == 2
+    # contexts whose intervals exclude each other: the law is not seen to hold, and the reading says so
+    far = pd.DataFrame(_pk_rows(8192, {"exact": 1.0, "fa3": 1.0, "fa3:frac_bits=11": 0.1, "fa3:frac_bits=10": 0.0}))
+    _, fit3 = real.collapse_bootstrap(pd.concat([rows, far]), boot=200)
+    assert not fit3["law_holds"]
+    check = claims.register_failure(pd.DataFrame(), rows=pd.concat([rows, far]), boot=200)
+    assert "the data cannot predict" in check.computed and not check.agrees
+    ok = claims.register_failure(pd.DataFrame(), rows=rows, boot=200)
+    assert "fails near 260,000 tokens (two significant figures)" in ok.computed and not ok.agrees    # > 128k
+    # too few trials per cell: nothing to say
+    assert real.collapse_bootstrap(rows[rows["trial"] < 5], boot=50)[0].empty
+
+
 def test_llamacpp_comparison_and_agreement():
     ours = pd.DataFrame(_rows("fp32", [2.0, 3.0], [0, 0]) + _rows("fp16", [2.0, 3.0], [0, 0])
                         + _rows("q8_0", [2.01, 3.01], [0.01, 0.01]))

@@ -178,8 +178,48 @@ def layout_check(comparison: pd.DataFrame) -> Check | None:
                  "than in transformers' order")
 
 
+def _published_register(root: Path | None) -> str:
+    pub = pd.read_csv(checked((root / "data" if root else data_dir()) / "accumulation_published.csv"))
+    pub = pub.set_index("quantity")["value"]
+    return (f"{pub['niah_bf16']:.0%} → {pub['niah_fp8_tensor_core_accumulation']:.0%} at 128k "
+            f"(x = 131072·2^-13 = {131072 / 2 ** 13:g})")
+
+
+def _register_failure_bootstrap(rows: pd.DataFrame, full_bits: int, root: Path | None, boot: int) -> Check | None:
+    """:func:`register_failure` on raw passkey rows of the MMA-Sim-exact unit, P·V narrowed alone, with the
+    collapse point's uncertainty carried through (:func:`kvcost.experiments.real_decoder.collapse_bootstrap`)."""
+    per, fit = tables.collapse_bootstrap(rows, full_bits, boot=boot)
+    if per.empty:
+        return None
+    claim = "vLLM: FP8 attention's 13-bit register loses the needle at 128k"
+
+    def xtext(x: float) -> str:
+        return "none" if math.isinf(x) else f"{x:g}"
+
+    ctx = "; ".join(f"{int(r.context):,} tokens ({r.trials} trials): x_c {xtext(r.x_c)} [{xtext(r.x_lo)}, "
+                    f"{xtext(r.x_hi)}]" for r in per.itertuples())
+    law = ("the contexts' intervals overlap: the law n·2^-b is not contradicted" if fit["law_holds"] else
+           "the contexts' intervals do not overlap: the law n·2^-b is not seen to hold, so no context is predicted")
+    if fit["law_holds"]:
+        hi = "no upper bound" if math.isinf(fit["n_hi"]) else f"{fit['n_hi']:,.0f}"
+        near = ("no finite context as run (a context without a collapse)" if math.isinf(fit["n_fail"])
+                else f"{float(format(fit['n_fail'], '.2g')):,.0f} tokens (two significant figures)")
+        pred = (f"by the law a {full_bits}-bit register fails near {near}, 95% interval [{fit['n_lo']:,.0f}, {hi}] "
+                f"tokens")
+        ok = fit["n_lo"] <= 131072
+    else:
+        pred, ok = "the data cannot predict where a 13-bit register fails", False
+    return Check(READING, claim, _published_register(root),
+                 f"x_c = n·2^-b at the collapse (rate at most half exact's), 95% bootstrap intervals over trials "
+                 f"({fit['boot']} resamples; 'none': no b tried collapses): {ctx}; {law}; {pred}",
+                 ok, "holds when the interval reaches 128k or below; SmolLM2-135M (30 layers, 3 KV heads) on Hopper's "
+                     "MMA-Sim-exact unit with P·V's register narrowed alone (data/real_model/passkey_unit.csv), "
+                     "RULER passkey, against an 8B model at 128k with every row in FP8")
+
+
 def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bits: int = 13,
-                     root: Path | None = None, modes: pd.DataFrame | None = None) -> Check | None:
+                     root: Path | None = None, modes: pd.DataFrame | None = None, rows: pd.DataFrame | None = None,
+                     boot: int = 2000) -> Check | None:
     """Where a ``full_bits`` tensor-core register would lose SmolLM2's passkey, by the scaling law.
 
     The FA3 emulation's accumulation error is a function of x = n·2^-b (notebook 06). At each
@@ -192,8 +232,13 @@ def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bit
     post). The sweep runs in fast mode (the prefix rows exact); ``modes``, the fast-vs-faithful
     summary (:func:`kvcost.experiments.real_decoder.fast_vs_faithful_summary`), says which way the fast
     mode errs at a lowered register, and so whether the predicted context is a lower or an upper
-    estimate. None when no sweep is present.
+    estimate. None when no sweep is present. With ``rows`` (raw passkey rows of the MMA-Sim-exact unit, P·V
+    narrowed alone: ``data/real_model/passkey_unit.csv``) the reading rests on them instead, each collapse
+    point with a bootstrap interval over trials and the predicted context's interval carried through
+    (:func:`kvcost.experiments.real_decoder.collapse_bootstrap`, ``boot`` resamples).
     """
+    if rows is not None and not rows.empty:
+        return _register_failure_bootstrap(rows, full_bits, root, boot)
     table = passkey if context is None else passkey[passkey["context"] == context]
     col = tables.collapse_table(table, full_bits)
     if col.empty:
@@ -290,17 +335,19 @@ def _unit_readings(table: pd.DataFrame, alpha: float = 0.05) -> list[Check]:
 
 def readings(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int, passkey: pd.DataFrame | None = None,
              modes: pd.DataFrame | None = None, storage: pd.DataFrame | None = None,
-             unit: pd.DataFrame | None = None, comparison: pd.DataFrame | None = None) -> list[Check]:
+             unit: pd.DataFrame | None = None, comparison: pd.DataFrame | None = None,
+             unit_rows: pd.DataFrame | None = None) -> list[Check]:
     """The published claims read on SmolLM2-135M: the storage claims at ``context`` tokens (``fmt_table``:
     :func:`kvcost.experiments.real_decoder.format_table`, ``claims``: :func:`load_claims`); with a passkey
     grid (``passkey``, ``modes``), where a 13-bit register would fail (:func:`register_failure`) and the
     post's division of symptoms on the stored formats' retrieval (``storage``: :func:`storage_symptom`); with
     ``unit`` (experiments.real_decoder.unit_rederivation), the passkey cells re-run bit for bit on Hopper's
     unit; with ``comparison`` (experiments.real_decoder.llamacpp_comparison), whether K's channel order
-    decides the comparison (:func:`layout_check`)."""
+    decides the comparison (:func:`layout_check`); with ``unit_rows`` (the unit's raw passkey rows), where a
+    13-bit register would fail rests on them (:func:`register_failure`)."""
     out = _storage_readings(fmt_table, claims, context)
     if passkey is not None and not passkey.empty:
-        out += [c for c in (register_failure(passkey, modes=modes),
+        out += [c for c in (register_failure(passkey, modes=modes, rows=unit_rows),
                             None if storage is None else storage_symptom(storage, claims)) if c is not None]
     if unit is not None:
         out += _unit_readings(unit)
@@ -358,7 +405,7 @@ def fp4_placement(windows: pd.DataFrame, fmt_table: pd.DataFrame, context: int, 
 
 def verdict(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int, comparison: pd.DataFrame,
             passkey: pd.DataFrame, modes: pd.DataFrame | None, storage: pd.DataFrame, unit: pd.DataFrame,
-            windows: pd.DataFrame | None = None) -> Verdict:
+            windows: pd.DataFrame | None = None, unit_rows: pd.DataFrame | None = None) -> Verdict:
     """Notebook 08's verdict: llama.cpp's numbers against the simulated formats (:func:`printed`), the
     readings (:func:`readings`, same arguments), the runs committed behind them, and with the per-window rows
     (``windows``) where FP4 sits between q4_0 and fp8 (:func:`fp4_placement`)."""
@@ -372,5 +419,5 @@ def verdict(fmt_table: pd.DataFrame, claims: pd.DataFrame, context: int, compari
     fp4 = "" if windows is None else fp4_placement(windows, fmt_table, context, passkey)
     extra = f"{fp4}\n\n{extra}" if fp4 else extra
     return Verdict(printed=engine, readings=readings(fmt_table, claims, context, passkey, modes, storage, unit,
-                                                     comparison),
+                                                     comparison, unit_rows),
                    errata=errata(), what="checks of simulated formats against llama.cpp", extra=extra)
