@@ -111,7 +111,8 @@ OTHER_PARAMETERS = {
     "10_which_gpu": {"source": "live", "kernels": ["FA3 FP8, no fix", "FlashInfer MLA SM90: FP8 stored, bf16 MMA"],
                      "contexts": [512], "heads": 2, "focus_n": 512, "focus_heads": 2, "focus_trials": 1,
                      "live_n": 512, "live_kernels": ["FA3 FP8, no fix"],
-                     "published_n": 512, "law_contexts": [512, 1024], "law_boot": 100},
+                     "published_n": 512, "law_contexts": [512, 1024], "law_boot": 100,
+                     "every_head_kernels": ["FA3 FP8, no fix"], "every_head_trials": 1},
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from kvcost import floats
 from kvcost.experiments import long_range_needle, needle_cliff, real_decoder
+from kvcost.experiments.which_gpu import EVERY_HEAD_KERNELS
 from kvcost.models import decoders, registry
 from kvcost.numerics import accum, kernels
 from kvcost.params import Bool, Custom, Float, FloatList, Int, IntList, Pairs, Params, PathStr, Schema, Str, StrList
@@ -157,11 +158,12 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         Int("heads", 4, lo=2, hi=45, doc="query heads of SmolLM2's extract, spread over its layers"),
         Int("trials", 1, lo=1, hi=100, doc="haystacks per head and context"),
         Int("focus_n", 4096, lo=256, hi=2**21, doc="the context run on more haystacks (its rows replace the grid's)"),
-        Str("focus_source", "smollm2-heads", choices=list(haystacks.QUERY_SOURCES),
-            doc="the extract at focus_n: smollm2-heads, every one of SmolLM2's 270 query heads "
-                "(data/which_gpu/grid_heads.csv), or smollm2, focus_heads of its five layers' 45 (grid_4k.csv)"),
-        Int("focus_heads", 16, lo=2, hi=45, doc="query heads at focus_n when focus_source is smollm2"),
+        Int("focus_heads", 16, lo=2, hi=45, doc="query heads at focus_n"),
         Int("focus_trials", 2, lo=1, hi=100, doc="haystacks per head at focus_n"),
+        StrList("every_head_kernels", list(EVERY_HEAD_KERNELS), choices=list(kernels.KERNELS),
+                doc="kernels run on every one of SmolLM2's 270 query heads at focus_n "
+                    "(data/which_gpu/grid_heads.csv, the every-head extract)"),
+        Int("every_head_trials", 2, lo=1, hi=100, doc="haystacks per head in the every-head run"),
         Float("needle_weight", 0.05, lo=0.0, hi=0.5, lo_open=True, doc="the needle's exact attention weight"),
         Int("seed", 0, lo=0),
         Int("live_n", 4096, lo=256, hi=2**21, doc="context of the live slice (a committed context)"),

@@ -92,6 +92,15 @@ def verdict(summ: pd.DataFrame, loss: pd.DataFrame, fit: pd.DataFrame, beside: p
     return Verdict(printed=printed(), readings=readings(), errata=errata(), extra=text)
 
 
+def _layers_text(lossy: str, every: str) -> str:
+    """"in layers 0, 3" for a few; "in 27 of 30 layers (all but 1, 10, 11)" when most lose."""
+    got, all_ = [int(x) for x in lossy.split()], [int(x) for x in every.split()]
+    if len(got) <= 8:
+        return "in layers " + ", ".join(map(str, got))
+    rest = [x for x in all_ if x not in got]
+    return f"in {len(got)} of {len(all_)} layers" + (f" (all but {', '.join(map(str, rest))})" if rest else "")
+
+
 def every_head_text(spread: pd.DataFrame) -> str:
     """What the every-head grid shows, per context: the kernels that lost a haystack on some head (pooled rate
     with its interval clustered by head, how many heads lost any and in which layers) and the ones that kept
@@ -107,7 +116,7 @@ def every_head_text(spread: pd.DataFrame) -> str:
             line += "; ".join(f"{r.kernel} on {r.gpu} kept {r.kept}/{r.haystacks} = {r.kept_rate:.0%} "
                               f"[{r.lo:.0%}, {r.hi:.0%}] (clustered by head, effective n {r.n_eff:.0f}); "
                               f"{r.heads - r.heads_all_kept} heads lost at least one haystack, "
-                              f"{r.heads_none_kept} lost every one, in layers {r.lossy_layers.replace(' ', ', ')}"
+                              f"{r.heads_none_kept} lost every one, {_layers_text(r.lossy_layers, r.all_layers)}"
                               for r in lossy.itertuples()) + ". "
         if len(clean):
             lo = float(clean["lo"].min())

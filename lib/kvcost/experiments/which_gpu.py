@@ -30,14 +30,19 @@ from kvcost.paths import data_path
 from kvcost.provenance import checked
 from kvcost.retrieval import haystacks, measure
 
-__all__ = ["COMMITTED", "LAW_FRAC_BITS", "committed", "first_loss", "grid", "head_rates", "head_spread", "law_fit",
-           "law_grid", "pick_heads", "restored", "slice_check", "summary"]
+__all__ = ["COMMITTED", "EVERY_HEAD_KERNELS", "LAW_FRAC_BITS", "committed", "first_loss", "grid", "head_rates",
+           "head_spread", "law_fit", "law_grid", "pick_heads", "restored", "slice_check", "summary"]
 
 #: The committed grid and law runs (scripts/which_gpu_grid.py, sweeps/which_gpu.yaml): a folder of the package
 #: data (``data/which_gpu`` in a checkout).
 COMMITTED = "which_gpu"
 #: Kept fraction bits of the three unit families the law is fitted across.
 LAW_FRAC_BITS = (13, 25, 35)
+#: The kernels run on every query head of SmolLM2 (data/which_gpu/grid_heads.csv): the one that loses the
+#: needle at 4k (FA4's stale running max) and its two fixes, FA3 without and with the two-level fix, CDNA3's.
+EVERY_HEAD_KERNELS = ("FA4 FP8, offset 8, stale max 4 (PR #2109)", "FA3 FP8, no fix", "CK fmha FP8 (CDNA3)",
+                      "FA4 FP8, offset 4 (PR #2717)", "FA4 FP8, offset 8, max every tile (PR #2731)",
+                      "FA3 FP8, PR #104 (every tile)")
 _BATCH_ELEMENTS = 1 << 25
 
 
@@ -171,18 +176,20 @@ def head_rates(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def head_spread(rates: pd.DataFrame) -> pd.DataFrame:
-    """Per kernel x context, from :func:`head_rates`: heads, heads that kept every haystack and heads that
-    kept none, the layers whose heads lost any, and the pooled rate with its interval clustered by head."""
+    """Per kernel x context, from :func:`head_rates`: layers, heads, heads that kept every haystack and heads
+    that kept none, the layers whose heads lost any, and the pooled rate with its interval clustered by head."""
     out = []
     for (kern, n), g in rates.groupby(["kernel", "n_tokens"], sort=False):
         rate, lo, hi, n_eff = stats.clustered_rate(g["kept"].tolist(), g["haystacks"].tolist())
         lossy = g[g["kept"] < g["haystacks"]]
-        out.append({"kernel": kern, "gpu": g["gpu"].iloc[0], "n_tokens": int(n), "heads": len(g),
+        out.append({"kernel": kern, "gpu": g["gpu"].iloc[0], "n_tokens": int(n), "layers": g["layer"].nunique(),
+                    "heads": len(g),
                     "heads_all_kept": int((g["kept"] == g["haystacks"]).sum()),
                     "heads_none_kept": int((g["kept"] == 0).sum()),
                     "kept": int(g["kept"].sum()), "haystacks": int(g["haystacks"].sum()),
                     "kept_rate": rate, "lo": lo, "hi": hi, "n_eff": n_eff,
-                    "lossy_layers": " ".join(str(x) for x in sorted(lossy["layer"].unique()))})
+                    "lossy_layers": " ".join(str(x) for x in sorted(lossy["layer"].unique())),
+                    "all_layers": " ".join(str(x) for x in sorted(g["layer"].unique()))})
     return pd.DataFrame(out)
 
 

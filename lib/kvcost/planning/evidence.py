@@ -47,9 +47,10 @@ def default_kernel_dir() -> Path:
     return data_path("which_gpu")
 
 
-#: Notebook 10's grid files in a kernel folder: 16 heads x 2 haystacks at 4,096 tokens, 4 heads at 4k-128k,
-#: 2 heads at 1M (a row measured in two files is counted once).
-KERNEL_GRIDS = ("grid_4k.csv", "grid.csv", "grid_1m.csv")
+#: Notebook 10's grid files in a kernel folder, in the order they are read: every one of SmolLM2's 270 query
+#: heads x 2 haystacks at 4,096 tokens (six kernels), 16 heads x 2 at 4,096, 4 heads at 4k-128k, 2 heads at 1M.
+#: A kernel's rows at one length come from the first file that has them.
+KERNEL_GRIDS = ("grid_heads.csv", "grid_4k.csv", "grid.csv", "grid_1m.csv")
 #: The published accuracies and statements set beside the emulated kernels, by GPU (notebook 10's ``gpu``):
 #: quantity keys of data/accumulation_published.csv and statement keys of published_statements.csv.
 #: Each key names what its figure measured, as the planner prints it.
@@ -134,18 +135,22 @@ def kernel_lookup(folder: str | Path | None, gpu: str, kv: str, mla: bool,
     the folder has no grid."""
     if folder is None:
         return []
-    seen: dict[tuple[str, ...], dict[str, str]] = {}
+    cells: dict[tuple[str, str, str], list[dict[str, str]]] = {}     # (kernel, gpu, length) -> its first file's rows
     for name in KERNEL_GRIDS:
         path = Path(folder) / name
         if path.is_file():
+            mine: dict[tuple[str, str, str], list[dict[str, str]]] = {}
             with open(checked(path), newline="", encoding="utf-8") as f:
                 for r in csv.DictReader(f):
-                    seen.setdefault((r["kernel"], r["gpu"], r["n_tokens"], r["head"], r["trial"]), r)
+                    mine.setdefault((r["kernel"], r["gpu"], r["n_tokens"]), []).append(r)
+            for key, rows in mine.items():
+                cells.setdefault(key, rows)
+    seen = [r for rows in cells.values() for r in rows]
     out = []
     for label, (kernel, _fix) in KERNELS.items():
         if serves_mla(kernel) != mla or kv_format(kernel) != kv:
             continue
-        mine = [r for r in seen.values() if r["kernel"] == label and r["gpu"] == gpu]
+        mine = [r for r in seen if r["kernel"] == label and r["gpu"] == gpu]
         if not mine:
             continue
         lengths = sorted({int(r["n_tokens"]) for r in mine})
