@@ -348,7 +348,8 @@ def test_collapse_bootstrap_carries_the_interval_to_the_predicted_context():
     check = claims.register_failure(pd.DataFrame(), rows=pd.concat([rows, far]), boot=200)
     assert "the data cannot predict" in check.computed and not check.agrees
     ok = claims.register_failure(pd.DataFrame(), rows=rows, boot=200)
-    assert "fails near 260,000 tokens (two significant figures)" in ok.computed and not ok.agrees    # > 128k
+    assert "fails near 260,000 tokens, 95% interval [" in ok.computed and not ok.agrees    # > 128k
+    assert ok.computed.endswith("tokens (two significant figures)")
     # too few trials per cell: nothing to say
     assert real.collapse_bootstrap(rows[rows["trial"] < 5], boot=50)[0].empty
 

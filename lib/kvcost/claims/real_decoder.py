@@ -201,11 +201,14 @@ def _register_failure_bootstrap(rows: pd.DataFrame, full_bits: int, root: Path |
     law = ("the contexts' intervals overlap: the law n·2^-b is not contradicted" if fit["law_holds"] else
            "the contexts' intervals do not overlap: the law n·2^-b is not seen to hold, so no context is predicted")
     if fit["law_holds"]:
-        hi = "no upper bound" if math.isinf(fit["n_hi"]) else f"{fit['n_hi']:,.0f}"
+        def sig2(x: float) -> str:
+            return f"{float(format(x, '.2g')):,.0f}"
+
+        hi = "no upper bound" if math.isinf(fit["n_hi"]) else sig2(fit["n_hi"])
         near = ("no finite context as run (a context without a collapse)" if math.isinf(fit["n_fail"])
-                else f"{float(format(fit['n_fail'], '.2g')):,.0f} tokens (two significant figures)")
-        pred = (f"by the law a {full_bits}-bit register fails near {near}, 95% interval [{fit['n_lo']:,.0f}, {hi}] "
-                f"tokens")
+                else f"{sig2(fit['n_fail'])} tokens")
+        pred = (f"by the law a {full_bits}-bit register fails near {near}, 95% interval [{sig2(fit['n_lo'])}, {hi}] "
+                f"tokens (two significant figures)")
         ok = fit["n_lo"] <= 131072
     else:
         pred, ok = "the data cannot predict where a 13-bit register fails", False
