@@ -321,7 +321,8 @@ def attend_nb(q, kT, kwT, v, vw, group, causal, scale_log2, pk, ak, lk, qk, flus
             n = nk - nq + r + 1 if causal else nk
             _scores(q[h, r], kT[hk], kwT[hk], n, qk, qemin, grp, sfb, sok, som, soemin, sofmax, zw, srow, prod,
                     wts, scr, qk32, srow32, prod32, mx32, scr32)
-            row(srow, v[hk], vw[hk], 0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
+            # vrow0 as int64, not the literal 0: the row kernel attend_row compiled is reused, not a second one
+            row(srow, v[hk], vw[hk], np.int64(0), n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
                  scheme, grp, fb, fb2, nearest, okind, om, oemin, ofmax, cmin, zw, pemin, orow, scr, prod, wts, acc,
                  reg, pbuf, praw, pv32, prod32, mx32, acc32, scr32, thr, pscale)
             for j in range(dv):
