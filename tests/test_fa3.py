@@ -174,8 +174,9 @@ def test_float32_lanes_give_the_float64_paths_bits(opts):
     kwT, vw = fa3kernel.weights_nb(kT, -6), fa3kernel.weights_nb(v, -6)
     scale_log2 = float(np.float32(np.float32(1 / 8) * np.float32(math.log2(math.e))))
     for qk32, pv32 in ((False, False), (True, False), (False, True)):
+        # thr and pscale given (0.0, as fa3.attend passes them): the kernel fa3.attend compiled, not another
         ref = fa3kernel.attend_nb(q, kT, kwT, v, vw, 3, True, scale_log2, pk, ak, lk, 0, flush, bn, mo, sp, *targs, -6,
-                                  -6, sargs[2], sargs[5], sargs[6], sargs[7], sargs[8], qk32, pv32, 2)
+                                  -6, sargs[2], sargs[5], sargs[6], sargs[7], sargs[8], qk32, pv32, 2, 0.0, 0.0)
         np.testing.assert_array_equal(out, ref)
 
 
