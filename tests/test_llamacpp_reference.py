@@ -103,3 +103,38 @@ def test_plain_weight_buffers_wraps_the_default_params_once():
     ref.plain_weight_buffers(fake)
     assert low.llama_model_default_params is wrapped
     assert ref.parse_args([]).extra_bufts is False and ref.parse_args(["--extra-bufts"]).extra_bufts is True
+
+
+def test_gemma_against_llamacpp_on_the_same_windows():
+    """Gemma 3 270M's committed 2k windows 0-3, kvcost's emulated storage against llama.cpp's own cache on the
+    same GGUF, tokens and BOS. Plain q4_0 agrees (KL above llama.cpp's bf16 floor within 10% of ours; Δppl
+    within the intervals plus the engines' fp16 gap); q8_0 and K q8_0 / V q4_0 are below the measurable KL
+    (2 x llama.cpp's floor) and their Δppl agree. The rotation does not: llama.cpp's default (K in one block of
+    256, V in blocks of 64) lowers q4_0's KL on every window, kvcost's '+hadamard' (both whole-head) raises it,
+    and the Δppl intervals part."""
+    from kvcost.experiments import real_decoder as real
+
+    ours = real.load_windows("gemma3_270m/ppl_windows.csv")
+    theirs = real.load_windows("gemma3_270m/llamacpp_windows.csv")
+    prov = real.load_provenance("gemma3_270m/llamacpp_windows.json")
+    assert prov["model"] == "gemma3-270m" and prov["gguf_sha256"] == decoders.DECODERS["gemma3-270m"].sha256
+    assert prov["tokenization"]["same"] and prov["bos"] == {"transformers": 2, "llama.cpp": 2}
+    assert prov["settings"]["rotation_blocks"]["q4_0+hadamard"] == [256, 64]
+    assert prov["settings"]["use_extra_bufts"] is False and "Gemma Terms of Use" in prov["terms"]
+    four = [0, 1, 2, 3]
+    comp = real.llamacpp_comparison(ours[ours["window"].isin(four)], theirs[theirs["window"].isin(four)])
+    comp = comp.set_index("format")
+    assert set(comp["windows"]) == {4}
+    assert comp.loc["q4_0", "kl_agrees"] and abs(comp.loc["q4_0", "kl_ratio"] - 1) < 0.1
+    for fmt in ("bf16", "q8_0", "q8_0/q4_0", "q4_0"):
+        assert comp.loc[fmt, "agrees"], fmt
+    for fmt in ("q8_0", "q8_0/q4_0"):
+        assert comp.loc[fmt, "kl_agrees"] is None                   # ours is under 2 x llama.cpp's floor
+    assert not comp.loc["q4_0+hadamard", "agrees"]
+    assert comp.loc["q4_0+hadamard", "llamacpp_hi"] < comp.loc["q4_0+hadamard", "ours_lo"]
+    assert 0.10 < comp.loc["q4_0", "floor"] < 0.15                   # the engines' fp16-cache perplexity gap
+    kl = {name: df.assign(kl=df["kl_fp32_sum"] / df["n"]).pivot(index="window", columns="format", values="kl").loc[four]
+          for name, df in (("ours", ours), ("llama.cpp", theirs))}
+    assert (kl["llama.cpp"]["q4_0+hadamard"] < kl["llama.cpp"]["q4_0"]).all()
+    assert (kl["ours"]["q4_0+hadamard"] > kl["ours"]["q4_0"]).all()
+    assert (kl["llama.cpp"]["q8_0/q4_0+hadamard"] < kl["llama.cpp"]["q8_0/q4_0"]).all()
