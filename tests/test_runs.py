@@ -11,10 +11,12 @@ import subprocess
 import sys
 import zlib
 
+import pandas as pd
 import pytest
 
 from kvcost import provenance
 from kvcost.paths import repo_root
+from kvcost.runs import plan_readme_table, tables
 from kvcost.runs.extract_real_kv import NOVELS, read_novel
 from kvcost.sweep import spec as sweep_spec
 
@@ -163,3 +165,95 @@ def test_a_script_sweeps_key_follows_its_job_module(tmp_path):
     odd.write_text("from kvcost.runs.no_such_job import main\n")
     with pytest.raises(ValueError, match="no_such_job"):
         sweep_spec.script_hash(odd)
+
+
+def test_append_in_chunks_resumes_where_a_run_stopped(tmp_path, capsys):
+    """The keys a run finished are not computed again; rows are appended under one header, chunk by chunk."""
+    partial = tmp_path / "rows.partial.csv"
+    pd.DataFrame({"trial": [0, 1, 3], "value": [0.0, 1.0, 3.0]}).to_csv(partial, index=False)
+    asked = []
+
+    def compute(todo):
+        asked.append(todo)
+        assert partial.read_text().count("trial") == 1            # the chunks before are appended already
+        return pd.DataFrame({"trial": todo, "value": [t * 1.0 for t in todo]})
+
+    rows = tables.append_in_chunks(partial, [range(0, 2), range(2, 4), range(4, 5)], compute, key="trial",
+                                   say=lambda todo, s: f"trials {todo} done")
+    assert asked == [[2], [4]]                                        # not 0, 1 (done) nor 3 (done, in chunk 2)
+    assert capsys.readouterr().out == "trials [2] done\ntrials [4] done\n"
+    assert rows["trial"].tolist() == [0, 1, 3, 2, 4]
+    assert partial.read_text().count("trial") == 1
+    again = tables.append_in_chunks(partial, [range(0, 5)], compute, key="trial", say=str)
+    assert asked == [[2], [4]] and again.equals(rows)                 # all done: nothing computed
+
+
+def test_append_in_chunks_whole_redoes_an_unfinished_chunk_by_two_columns(tmp_path):
+    """With ``whole``, a chunk with any key left is computed whole (its finished rows come twice); a chunk of
+    finished keys is skipped. Keys of two columns are tuples."""
+    partial = tmp_path / "rows.partial.csv"
+    pd.DataFrame({"n_tokens": [8, 8, 8], "trial": [0, 1, 2]}).to_csv(partial, index=False)
+    asked = []
+
+    def compute(todo):
+        asked.append(todo)
+        return pd.DataFrame(todo, columns=["n_tokens", "trial"])
+
+    chunks = [[(n, t) for t in range(first, first + 2)] for n in (8, 16) for first in (0, 2)]
+    rows = tables.append_in_chunks(partial, chunks, compute, key=("n_tokens", "trial"), say=lambda todo, s: "",
+                                   whole=True)
+    assert asked == [[(8, 2), (8, 3)], [(16, 0), (16, 1)], [(16, 2), (16, 3)]]
+    assert len(rows) == 3 + 6 and len(rows.drop_duplicates()) == 8
+
+
+def test_write_table_writes_the_table_its_provenance_and_removes_the_partial(tmp_path, capsys):
+    partial, csv, meta = tmp_path / "t.partial.csv", tmp_path / "t.csv", tmp_path / "t.json"
+    partial.write_text("a\n1\n", encoding="utf-8")
+    given = tmp_path / "in.bin"
+    given.write_bytes(b"\x00")
+    tables.write_table(pd.DataFrame({"a": [1, 2]}), csv, meta, partial, command="python scripts/t.py",
+                       packages=("pandas",), note={"parameters": {"x": 1}}, started=0.0,
+                       inputs={"data/in.bin": given}, digest="t_csv_sha256")
+    assert csv.read_bytes() == b"a\n1\n2\n" and not partial.exists()
+    data = json.loads(meta.read_text(encoding="utf-8"))
+    assert data["rows"] == 2 and data["run_seconds_this_session"] > 0 and data["parameters"] == {"x": 1}
+    assert data["t_csv_sha256"] == data["sha256"]["t.csv"] == provenance.sha256(csv)
+    assert data["inputs"] == {"data/in.bin": provenance.sha256(given)} and set(data["versions"]) == {
+        "python", "pandas"}
+    assert provenance.checked(csv) == csv
+    assert capsys.readouterr().out == f"wrote {csv} (2 rows) and t.json\n"
+
+
+@pytest.mark.parametrize("job, flag", [("long_range_needle", "--trials"), ("long_range_needle", "--chunk"),
+                                       ("long_range_retrieval", "--trials"), ("plan_needle", "--trials"),
+                                       ("plan_needle", "--chunk")])
+def test_a_chunked_job_refuses_a_count_below_one_naming_the_flag(job, flag, capsys):
+    parse = importlib.import_module(f"kvcost.runs.{job}").parse_args
+    assert getattr(parse([flag, "1"]), flag[2:]) == 1
+    with pytest.raises(SystemExit) as stop:
+        parse([flag, "0"])
+    assert stop.value.code == 2
+    assert f"error: argument {flag}: must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_write_or_check_says_which_file_is_stale_and_what_rewrites_it(tmp_path, capsys):
+    doc = tmp_path / "doc.md"
+    doc.write_text("old\n", encoding="utf-8")
+    assert tables.write_or_check(doc, str.upper, check=True, command="python scripts/doc.py") == 1
+    assert doc.read_text(encoding="utf-8") == "old\n"                 # --check writes nothing
+    assert capsys.readouterr().out == f"{doc} is out of date (not what its generator writes now); run python " \
+                                      "scripts/doc.py\n"
+    assert tables.write_or_check(doc, str.upper, check=False, command="python scripts/doc.py") == 0
+    assert doc.read_text(encoding="utf-8") == "OLD\n"
+    assert tables.write_or_check(doc, str.upper, check=True, command="python scripts/doc.py") == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_plan_readme_table_check_fails_on_a_stale_table_with_the_message(tmp_path, monkeypatch, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{plan_readme_table.START}\n| stale |\n{plan_readme_table.END}\nend\n", encoding="utf-8")
+    monkeypatch.setattr(plan_readme_table, "README", readme)
+    assert plan_readme_table.main(["--check"]) == 1
+    assert "README.md is out of date" in capsys.readouterr().out
+    assert plan_readme_table.main([]) == 0 and plan_readme_table.main(["--check"]) == 0
+    assert "| stale |" not in readme.read_text(encoding="utf-8")

@@ -15,6 +15,7 @@ import sys
 
 from kvcost import notebook_params
 from kvcost.paths import repo_root
+from kvcost.runs import tables
 
 DOC = repo_root() / "docs" / "notebooks.md"
 
@@ -39,26 +40,18 @@ def render(text: str) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The checked command line."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="only check that the file is current")
-    return ap.parse_args(argv)
+    return tables.check_args(__doc__.splitlines()[0], "only check that the file is current", argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    text = DOC.read_text()
-    new = render(text)
+    status = tables.write_or_check(DOC, render, check=parse_args(argv).check, command="python scripts/gen_docs.py")
+    text = DOC.read_text(encoding="utf-8")
     missing = [s for s in notebook_params.stems() if f"<!-- params:{s} -->" not in text]
-    if args.check:
-        if new != text or missing:
-            print(f"docs/notebooks.md is out of date (missing sections: {missing}); run python scripts/gen_docs.py")
-            return 1
-        return 0
-    DOC.write_text(new)
-    if missing:
-        print(f"add a section with <!-- params:STEM --><!-- /params:STEM --> for: {missing}")
+    if missing:                        # render fills the sections there are; a new one is added by hand
+        print(f"docs/notebooks.md lacks the sections of {missing}: add "
+              "<!-- params:STEM --><!-- /params:STEM --> for each")
         return 1
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvcost import provenance
 from kvcost.experiments import long_range_needle as lr
 from kvcost.paths import repo_root
 from kvcost.retrieval import haystacks, measure
+from kvcost.runs import tables
+from kvcost.script_args import int_at_least
 
 ROOT = repo_root()
 
@@ -34,15 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The checked command line."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-tokens", type=int, default=131072)
-    ap.add_argument("--trials", type=int, default=2, help="haystacks per query head")
+    ap.add_argument("--trials", type=int_at_least(1), default=2, help="haystacks per query head")
     ap.add_argument("--block-n", type=int, default=128, help="FA3's FP8 decode tile at head_dim 64")
     ap.add_argument("--needle-weight", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "data" / "long_range")
-    args = ap.parse_args(argv)
-    if args.trials < 1:
-        ap.error("--trials must be positive")
-    return args
+    return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,37 +49,30 @@ def main(argv: list[str] | None = None) -> int:
     heads = haystacks.query_heads("smollm2")
     cells = [tuple(c) for c in lr.RETRIEVAL_CELLS]
     partial = args.out / "retrieval.partial.csv"
-    done = set(pd.read_csv(partial)["head"]) if partial.is_file() else set()
+    by_label = {h.label: h for h in heads}
     t0 = time.time()
-    for h in heads:
-        if h.label in done:
-            continue
-        df = lr.retrieval_grid([h], args.n_tokens, args.trials, args.needle_weight, args.seed, cells,
-                               block_n=args.block_n)
-        df.to_csv(partial, mode="a", header=not partial.is_file(), index=False)
-        print(f"{h.label} done, {time.time() - t0:.0f} s", flush=True)
-    df = pd.read_csv(partial).drop_duplicates(["head", "trial", "arch", "fix"])
+
+    def grid(todo: list[str]) -> pd.DataFrame:
+        return lr.retrieval_grid([by_label[label] for label in todo], args.n_tokens, args.trials,
+                                 args.needle_weight, args.seed, cells, block_n=args.block_n)
+
+    rows = tables.append_in_chunks(partial, [[h.label] for h in heads], grid, key="head",
+                                   say=lambda todo, s: f"{todo[0]} done, {s:.0f} s")
+    df = rows.drop_duplicates(["head", "trial", "arch", "fix"])
     df = df[df["trial"] < args.trials]          # a chunk run with more trials before a restart
     order = {h.label: i for i, h in enumerate(heads)}
     df = df.sort_values(["head", "trial", "arch", "fix"], key=lambda c: c.map(order) if c.name == "head" else c,
                         kind="stable").reset_index(drop=True)
-    csv = args.out / "retrieval.csv"
-    df.to_csv(csv, index=False, lineterminator="\n")
     src = haystacks.SOURCES["smollm2"][0]
-    provenance.write_run(
-        args.out / "retrieval.json",
+    tables.write_table(
+        df, args.out / "retrieval.csv", args.out / "retrieval.json", partial, started=t0,
         command="nice -n 10 .venv/bin/python scripts/long_range_retrieval.py" + (
             " " + " ".join(sys.argv[1:]) if len(sys.argv) > 1 else ""),
-        git=True, cpus=True, versions=provenance.versions(("numpy", "pandas", "ml_dtypes", "numba", "kvcost")),
-        inputs={src: ROOT / src},
+        packages=("numpy", "pandas", "ml_dtypes", "numba", "kvcost"), inputs={src: ROOT / src},
         note={"parameters": {"n_tokens": args.n_tokens, "trials": args.trials, "source": "smollm2",
                              "block_n": args.block_n, "needle_weight": args.needle_weight, "seed": args.seed,
                              "recent": haystacks.RECENT, "keep": list(measure.KEEP)},
-              "cells": [list(c) for c in cells], "heads": [h.label for h in heads], "rows": len(df),
-              "run_seconds_this_session": round(time.time() - t0)},
-        outputs=[csv])                 # "sha256": {"retrieval.csv": …}, what kvcost.provenance.checked reads
-    partial.unlink()
-    print(f"wrote {csv} ({len(df)} rows) and retrieval.json")
+              "cells": [list(c) for c in cells], "heads": [h.label for h in heads]})
     return 0
 
 

@@ -22,6 +22,8 @@ import pandas as pd
 from kvcost import provenance
 from kvcost.experiments import plan as plan_exp
 from kvcost.paths import repo_root
+from kvcost.runs import tables
+from kvcost.script_args import int_at_least
 
 ROOT = repo_root()
 REAL_KV = ROOT / "data" / "real_kv" / "minilm_l6_kv.npz"
@@ -32,52 +34,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768, 131072])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp8_e4m3", "q8_0", "q4_0", "q8_0/q4_0"])
-    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--trials", type=int_at_least(1), default=200)
     ap.add_argument("--needle-weight", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--chunk", type=int, default=20, help="trials per appended chunk")
+    ap.add_argument("--chunk", type=int_at_least(1), default=20, help="trials per appended chunk")
     ap.add_argument("--out", type=Path, default=ROOT / "data" / "plan_needle")
-    args = ap.parse_args(argv)
-    if args.trials < 1 or args.chunk < 1:
-        ap.error("--trials and --chunk must be positive")
-    return args
+    return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     partial = args.out / "needle.partial.csv"
-    done = pd.read_csv(partial) if partial.is_file() else pd.DataFrame(columns=["n_tokens", "trial"])
     t0 = time.time()
-    for n in args.contexts:
-        have = set(done.trial[done.n_tokens == n]) if len(done) else set()
-        for first in range(0, args.trials, args.chunk):
-            count = min(args.chunk, args.trials - first)
-            if set(range(first, first + count)) <= have:
-                continue
-            df = plan_exp.needle_by_format([n], args.dtypes, trials=count, needle_weight=args.needle_weight,
-                                           seed=args.seed, first_trial=first)
-            df.to_csv(partial, mode="a", header=not partial.is_file(), index=False)
-            print(f"{n:>8,} tokens, trials {first}-{first + count - 1}: {time.time() - t0:.0f} s", flush=True)
-    full = pd.read_csv(partial).drop_duplicates(["n_tokens", "trial", "storage"])
+
+    def needle(chunk: list[tuple[int, int]]) -> pd.DataFrame:
+        """The rows of ``chunk``, one context's consecutive ``(n_tokens, trial)`` keys, in one call from the
+        chunk's first trial on."""
+        (n, first), count = chunk[0], len(chunk)
+        return plan_exp.needle_by_format([n], args.dtypes, trials=count, needle_weight=args.needle_weight,
+                                         seed=args.seed, first_trial=first)
+
+    def said(chunk: list[tuple[int, int]], seconds: float) -> str:
+        return f"{chunk[0][0]:>8,} tokens, trials {chunk[0][1]}-{chunk[-1][1]}: {seconds:.0f} s"
+
+    chunks = [[(n, t) for t in range(first, min(args.trials, first + args.chunk))]
+              for n in args.contexts for first in range(0, args.trials, args.chunk)]
+    rows = tables.append_in_chunks(partial, chunks, needle, key=("n_tokens", "trial"), say=said, whole=True)
+    full = rows.drop_duplicates(["n_tokens", "trial", "storage"])
     order = {s: i for i, s in enumerate(dict.fromkeys(full.storage))}
     full = full.sort_values(["n_tokens", "trial", "storage"], key=lambda c: c.map(order) if c.name == "storage" else c)
     full = full[full.n_tokens.isin(args.contexts) & (full.trial < args.trials)]
-    csv_path = args.out / "needle.csv"
-    full.to_csv(csv_path, index=False)
-    partial.unlink()
-    provenance.write_run(
-        args.out / "provenance.json",
+    tables.write_table(
+        full, args.out / "needle.csv", args.out / "provenance.json", partial, started=t0,
+        digest="needle_csv_sha256",
         command="nice -n 10 .venv/bin/python scripts/plan_needle.py " + " ".join(
             argv if argv is not None else sys.argv[1:]),
-        git=True, cpus=True, versions=provenance.versions(("numpy", "pandas", "ml_dtypes", "kvcost")),
+        packages=("numpy", "pandas", "ml_dtypes", "kvcost"),
         note={"parameters": {"contexts": args.contexts, "dtypes": args.dtypes, "trials": args.trials,
                              "needle_weight": args.needle_weight, "seed": args.seed, "head_dim": 64},
-              "rows": len(full), "run_seconds_this_session": round(time.time() - t0),
-              "needle_csv_sha256": provenance.sha256(csv_path),
-              "input": {"path": str(REAL_KV.relative_to(ROOT)), "sha256": provenance.sha256(REAL_KV)}},
-        outputs=[csv_path])            # "sha256": {"needle.csv": …}, what kvcost.provenance.checked reads
-    print(f"wrote {csv_path} ({len(full)} rows) and provenance.json")
+              "input": {"path": str(REAL_KV.relative_to(ROOT)), "sha256": provenance.sha256(REAL_KV)}})
     return 0
 
 

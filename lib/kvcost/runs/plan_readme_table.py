@@ -15,6 +15,7 @@ import sys
 
 from kvcost.experiments import plan as plan_exp
 from kvcost.paths import repo_root
+from kvcost.runs import tables
 
 README = repo_root() / "README.md"
 START, END = "<!-- plan-table:start -->", "<!-- plan-table:end -->"
@@ -31,19 +32,12 @@ def render(text: str) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The checked command line."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 when README.md's table is not the planner's")
-    return ap.parse_args(argv)
+    return tables.check_args(__doc__.splitlines()[0], "exit 1 when README.md's table is not the planner's", argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    text = README.read_text(encoding="utf-8")
-    new = render(text)
-    if args.check:
-        return 0 if new == text else 1
-    README.write_text(new, encoding="utf-8")
-    return 0
+    return tables.write_or_check(README, render, check=parse_args(argv).check,
+                                 command=".venv/bin/python scripts/plan_readme_table.py")
 
 
 if __name__ == "__main__":
