@@ -400,6 +400,29 @@ def test_passkey_prompt_and_variants():
         pk.build_prompt(Tok(), 100, 1.5, seed=0)
 
 
+def test_passkey_prompt_follows_the_decoders_template():
+    class Tok:                                     # one id per character; BOS is id 2, as Gemma's
+        bos_token_id = 2
+
+        def __call__(self, s, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in s]}
+    chat = pk.build_prompt(Tok(), 2000, 0.3, seed=4)
+    base = pk.build_prompt(Tok(), 2000, 0.3, seed=4, model="gemma3-270m")
+    assert (chat.key, chat.value) == (base.key, base.value)          # the same trial, two wrappings
+    text = "".join(map(chr, chat.prefix + chat.tail))
+    assert text.startswith("<|im_start|>system\n") and "<|im_start|>assistant\nThe special magic" in text
+    assert base.prefix[0] == 2 and 2 not in chat.prefix
+    text = "".join(map(chr, base.prefix[1:] + base.tail))
+    assert text.startswith("Some special magic numbers") and "<|im_" not in text
+    assert f"mentioned in the provided text? The special magic number for {base.key}" in text
+    for p in (chat, base):                         # the span is the needle sentence's, BOS counted
+        assert "".join(map(chr, p.prefix[p.needle[0]:p.needle[1]])) == \
+            f" One of the special magic numbers for {p.key} is: {p.value}."
+    assert abs(len(base.prefix) + len(base.tail) - (len(chat.prefix) + len(chat.tail))) < 200
+    with pytest.raises(ValueError, match=r"'model'.*smollm2-135m"):
+        pk.build_prompt(Tok(), 2000, 0.3, seed=4, model="llama")
+
+
 # ------------------------------------------------------------------ the committed results
 
 def test_committed_extract_and_live_slice():
@@ -863,3 +886,14 @@ def test_committed_gemma_storage_window():
     assert every.loc["kivi4", "kl_hi"] < every.loc["nvfp4", "kl_lo"]
     kl = four.assign(kl=four["kl_fp32_sum"] / four["n"]).pivot(index="window", columns="format", values="kl")
     assert (kl["q4_0+hadamard"] / kl["q4_0"]).between(1.05, 1.4).all()
+
+
+def test_passkey_job_writes_each_decoders_rows_in_its_folder():
+    from kvcost.runs import real_model_passkey as job
+    smol = job.parse_args(["--context", "1024"])
+    gemma = job.parse_args(["--model", "gemma3-270m", "--context", "4096", "--trial", "3"])
+    assert smol.model == "smollm2-135m" and smol.out == job.OUT
+    assert gemma.out == job.ROOT / "data" / "real_model" / "gemma3_270m" / "passkey.csv"
+    assert gemma.trial_list == [3]
+    with pytest.raises(SystemExit):
+        job.parse_args(["--model", "llama", "--context", "1024"])

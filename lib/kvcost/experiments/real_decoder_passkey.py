@@ -1,7 +1,8 @@
-"""Passkey retrieval on SmolLM2-135M: exact attention, stored K/V formats, the FP8 kernel path.
+"""Passkey retrieval on a real decoder (SmolLM2-135M, Gemma 3 270M): exact attention, stored K/V formats, the FP8
+kernel path.
 
-RULER's single-needle task (``niah_single_1``, in the model's chat template as RULER does for chat
-models: a "noise" haystack of repeated sentences, one
+RULER's single-needle task (``niah_single_1``, in the decoder's template as RULER wraps it for the model's type,
+:data:`TEMPLATES`: a "noise" haystack of repeated sentences, one
 needle "One of the special magic numbers for {key} is: {value}." at a chosen depth, the
 question at the end, a 7-digit value) built to a token budget with the model's tokenizer
 (:func:`build_prompt`). A trial succeeds when greedy decoding reproduces the value: scored by
@@ -42,7 +43,8 @@ from kvcost.numerics import fa3
 from kvcost.paths import data_path
 from kvcost.provenance import checked
 
-__all__ = ["HAYSTACK", "KEYS", "PROPAGATION_CSV", "ROWS", "Prompt", "build_prompt", "parse_variant", "FA3Attention",
+__all__ = ["HAYSTACK", "KEYS", "PROPAGATION_CSV", "ROWS", "TEMPLATES", "Prompt", "Template", "template",
+           "build_prompt", "parse_variant", "FA3Attention",
            "committed_propagation", "propagation_table", "run_trial", "split_attention"]
 
 #: Which rows a fast-mode variant emulates: ``tail`` (the question and the answer) or ``answer``
@@ -54,6 +56,36 @@ HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. 
 #: Needle keys (RULER draws a word; a fixed list keeps trials reproducible without a word list).
 KEYS = ("apple", "river", "garden", "silver", "candle", "forest", "window", "harbor", "meadow", "lantern",
         "pepper", "castle", "velvet", "comet", "island", "marble", "thunder", "orchid", "falcon", "saddle")
+
+
+@dataclass(frozen=True)
+class Template:
+    """How a decoder is prompted for the task, as RULER wraps it for the model's type: ``head`` before the
+    instruction, ``close`` between the question and the answer prefix; ``bos``: the prompt starts with the
+    tokenizer's BOS token (a base model's text does; SmolLM2's chat template has none)."""
+
+    head: str
+    close: str
+    bos: bool = False
+
+
+#: The prompt template of each decoder (kvcost.models.decoders.DECODERS names). SmolLM2-135M-Instruct: its chat
+#: template (ChatML with its default system message); Gemma 3 270M, a base model: RULER's ``base`` template, the
+#: task text and the answer prefix as plain text after BOS.
+TEMPLATES: dict[str, Template] = {
+    "smollm2-135m": Template(
+        head="<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+             "<|im_start|>user\n",
+        close="<|im_end|>\n<|im_start|>assistant\n"),
+    "gemma3-270m": Template(head="", close=" ", bos=True),
+}
+
+
+def template(model: str) -> Template:
+    """The :class:`Template` decoder ``model`` is prompted with (:data:`TEMPLATES`)."""
+    if model not in TEMPLATES:
+        raise ValueError(f"parameter 'model': no passkey prompt template for {model!r}; known: {list(TEMPLATES)}")
+    return TEMPLATES[model]
 
 
 @dataclass(frozen=True)
@@ -71,33 +103,34 @@ class Prompt:
     needle: tuple[int, int] = (0, 0)
 
 
-def build_prompt(tok: Any, context: int, depth: float, seed: int) -> Prompt:
-    """A RULER niah_single_1 prompt of about ``context`` tokens with the needle at ``depth`` (0-1)."""
+def build_prompt(tok: Any, context: int, depth: float, seed: int, model: str = "smollm2-135m") -> Prompt:
+    """A RULER niah_single_1 prompt of about ``context`` tokens with the needle at ``depth`` (0-1), in decoder
+    ``model``'s :class:`Template`."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"parameter 'depth' must be in [0, 1], got {depth!r}")
+    tpl = template(model)
     rng = np.random.default_rng(seed)
     key = KEYS[int(rng.integers(len(KEYS)))]
     value = str(int(rng.integers(1_000_000, 10_000_000)))
-    system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-    head = (system + "<|im_start|>user\nSome special magic numbers are hidden within the following text. "
+    head = (tpl.head + "Some special magic numbers are hidden within the following text. "
             "Make sure to memorize it. I will quiz you about the numbers afterwards.\n")
     needle = f" One of the special magic numbers for {key} is: {value}."
-    question = (f"\nWhat is the special magic number for {key} mentioned in the provided text?<|im_end|>\n"
-                "<|im_start|>assistant\n")
+    question = f"\nWhat is the special magic number for {key} mentioned in the provided text?" + tpl.close
     answer = f"The special magic number for {key} mentioned in the provided text is"
+    bos = [tok.bos_token_id] if tpl.bos else []
 
     def ids(s: str) -> list[int]:
         return tok(s, add_special_tokens=False)["input_ids"]
 
     hay = ids(" " + HAYSTACK)
-    fixed = len(ids(head)) + len(ids(needle)) + len(ids(question + answer)) + 8
+    fixed = len(bos) + len(ids(head)) + len(ids(needle)) + len(ids(question + answer)) + 8
     n_rep = max(1, (context - fixed) // len(hay))
     cut = round(depth * n_rep)
     body = " " + " ".join([HAYSTACK] * cut) if cut else ""
     rest = " " + " ".join([HAYSTACK] * (n_rep - cut)) if n_rep - cut else ""
-    prefix = ids(head + body.lstrip() + needle + rest)
+    prefix = bos + ids(head + body.lstrip() + needle + rest)
     # the needle's span: the tokens of the text before it and with it (a boundary token may straddle)
-    span = (len(ids(head + body.lstrip())), len(ids(head + body.lstrip() + needle)))
+    span = (len(bos) + len(ids(head + body.lstrip())), len(bos) + len(ids(head + body.lstrip() + needle)))
     ans = ids(" " + value)
     tail = ids(question + answer) + ans
     return Prompt(prefix, tail, len(ans), key, value, float(depth), span)
@@ -304,7 +337,7 @@ def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str
                                logits_to_keep=prompt.n_answer + 1).logits[0]     # the rows _score reads
             elif kind == "store":
                 attn.active = False
-                cache = decoders.StoredCache(opt["fmt"])
+                cache = decoders.StoredCache(opt["fmt"], model=model)
                 logits = model(full, past_key_values=cache, use_cache=True,
                                logits_to_keep=len(prompt.tail)).logits[0]
             else:                                    # fa3full: every row of every layer

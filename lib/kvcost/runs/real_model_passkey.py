@@ -1,15 +1,16 @@
-"""Passkey retrieval on SmolLM2-135M: a resumable grid of (context, trial, variant) cells.
+"""Passkey retrieval on a real decoder: a resumable grid of (context, trial, variant) cells.
 
     python scripts/real_model_passkey.py --context 1024 --trials 20 \
         --variants exact fa3 fa3:frac_bits=7 fa3:frac_bits=4 store:q4_0
     python -m kvcost.runs.real_model_passkey --context 1024         # the same job
+    python scripts/real_model_passkey.py --model gemma3-270m --context 4096 --variants exact fa3
     python -m kvcost.sweep run real_model_passkey            # the whole grid as a sweep (sweeps/)
 
 Trial i of a context puts the needle at depth (i + 0.5) / trials with seed 1000 * context + i
 (kvcost.experiments.real_decoder_passkey.build_prompt). One CSV row per cell, appended as soon as a
-trial's variants are scored (data/real_model/passkey.csv): ``context, trial, depth, tokens,
-variant, success, margin, seconds``; cells already in the file are skipped. Provenance in
-passkey.json.
+trial's variants are scored (SmolLM2: data/real_model/passkey.csv; another decoder: passkey.csv in its folder,
+data/real_model/<name with _ for - >/, as its other runs): ``context, trial, depth, tokens, variant, success,
+margin, seconds``; cells already in the file are skipped. Provenance in passkey.json beside it.
 """
 from __future__ import annotations
 
@@ -26,6 +27,16 @@ from kvcost.script_args import checked, int_at_least
 ROOT = repo_root()
 
 OUT = ROOT / "data" / "real_model" / "passkey.csv"
+
+
+def default_out(model: str) -> Path:
+    """Where decoder ``model``'s passkey rows go by default: :data:`OUT` for SmolLM2 (the committed grid), else
+    ``data/real_model/<model>/passkey.csv`` (``gemma3-270m`` → ``gemma3_270m/``)."""
+    if model == decoders.DEFAULT_DECODER:
+        return OUT
+    return ROOT / "data" / "real_model" / model.replace("-", "_") / "passkey.csv"
+
+
 FIELDS = ["context", "trial", "depth", "tokens", "variant", "success", "margin", "seconds"]
 
 
@@ -33,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The checked command line (a sweep checks each run's flags with it before anything runs):
     adds ``trial_list``, the trials to run."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=list(pk.TEMPLATES), default=decoders.DEFAULT_DECODER,
+                    help="the real decoder (kvcost.models.decoders.DECODERS)")
     ap.add_argument("--context", type=int_at_least(256), nargs="+", required=True, help="prompt lengths in tokens")
     ap.add_argument("--trials", type=int_at_least(1), default=20, help="trials per context: depth (i + 0.5) / trials")
     ap.add_argument("--first-trial", type=int, default=0)
@@ -43,8 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--variants", type=checked(pk.parse_variant), nargs="+", default=["exact", "fa3"],
                     help="exact, store:<fmt>, fa3[:k=v,...], fa3full[:k=v,...]")
     ap.add_argument("--threads", type=int_at_least(1), default=2)
-    ap.add_argument("--out", type=Path, default=OUT, help="the CSV rows are appended to (provenance beside it)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the CSV rows are appended to (provenance beside it); default: the model's (default_out)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = default_out(args.model)
     if not 0 <= args.first_trial < args.trials:
         ap.error(f"--first-trial must be in [0, {args.trials}), got {args.first_trial}")
     last = args.trials if args.only is None else min(args.trials, args.first_trial + args.only)
@@ -58,14 +74,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    model, tok = decoders.load("smollm2-135m", args.threads)
+    model, tok = decoders.load(args.model, args.threads)
     attn = pk.FA3Attention()
     attn.register(model)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     provenance.write_run(
         args.out.with_suffix(".json"), started=True,
         command="python scripts/real_model_passkey.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        versions=decoders.versions(), note={"gguf_sha256": provenance.sha256(decoders.find_gguf())})
+        versions=decoders.versions(args.model),
+        note={"model": args.model, "gguf_sha256": provenance.sha256(decoders.gguf_path(args.model))})
     done = provenance.finished_keys(args.out, [("context", int), ("trial", int), ("variant", str)])
     with provenance.appending(args.out, FIELDS) as write:
         for c in args.context:
@@ -74,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not todo:
                     continue
                 depth = (i + 0.5) / args.trials
-                prompt = pk.build_prompt(tok, c, depth, seed=1000 * c + i)
+                prompt = pk.build_prompt(tok, c, depth, seed=1000 * c + i, model=args.model)
                 results = pk.run_trial(model, attn, prompt, todo)
                 for v in todo:
                     res = results[v]
