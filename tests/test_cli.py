@@ -85,6 +85,16 @@ def test_errors_exit_2_with_one_line_naming_the_flag(capsys, tmp_path) -> None:
     assert str(bad) in err and "UTF-8" in err
 
 
+def test_plan_refuses_vllms_unmodelled_cache_dtypes_saying_why(capsys) -> None:
+    assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H100-80GB", "--kv-cache-dtype", "octave_k3v4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--kv-cache-dtype" in err and "does not model" in err
+    assert "ROCM_OCTAVE" in err and "modelled: auto, bfloat16" in err
+    assert cli.main(["plan", "Llama-3.1-8B", "--gpu", "H100-80GB", "--kv-cache-dtype", "fp9"]) == 2
+    err = capsys.readouterr().err
+    assert "must be one of auto" in err and "'fp9'" in err and "does not model" not in err
+
+
 def test_contexts_with_suffixes() -> None:
     assert cli.parse_tokens("128k") == 131072 and cli.parse_tokens("1M") == 1048576 and cli.parse_tokens("4096") == 4096
 

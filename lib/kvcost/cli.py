@@ -117,6 +117,18 @@ def _block_size(text: str) -> int:
     return n
 
 
+def _kv_cache_dtype(text: str) -> str:
+    """A vLLM ``--kv-cache-dtype`` kvcost models; a name vLLM has that kvcost does not model
+    (formats.ENGINE_UNMODELLED) is refused with why, not as an unknown name."""
+    if text in vllm.CACHE_DTYPES:
+        return text
+    why = formats.ENGINE_UNMODELLED.get("vllm", {}).get(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} is vLLM's, but kvcost does not model it: {why}; "
+                                         f"modelled: {', '.join(sorted(vllm.CACHE_DTYPES))}")
+    raise argparse.ArgumentTypeError(f"must be one of {', '.join(sorted(vllm.CACHE_DTYPES))}, got {text!r}")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:                 # one line, exit 2
         self.exit(2, f"error: {message}\n")
@@ -292,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens per KV block, one of vLLM's {list(VLLM_BLOCK_SIZES)} (default 16)")
     p.add_argument("--max-model-len", type=parse_tokens, default=None)
     p.add_argument("--max-num-batched-tokens", type=parse_tokens, default=2048)
-    p.add_argument("--kv-cache-dtype", default="auto", choices=sorted(vllm.CACHE_DTYPES))
+    p.add_argument("--kv-cache-dtype", type=_kv_cache_dtype, default="auto", metavar="DTYPE",
+                   help=f"vLLM's cache dtype: {', '.join(sorted(vllm.CACHE_DTYPES))} (default auto)")
     p.add_argument("--gpu", default=None, help="a GPU from data/gpus.csv, e.g. H100-80GB")
     p.add_argument("--gpus", type=_positive_int, default=1)
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9, help="above 0, at most 1 (default 0.9)")
