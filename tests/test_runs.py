@@ -153,18 +153,28 @@ def test_the_shared_r_reader_reads_a_lazy_load_data_base(tmp_path):
         assert read_novel(tmp_path / "Rdata", name) == novels[name]
 
 
-def test_a_script_sweeps_key_follows_its_job_module(tmp_path):
-    """A thin script's text does not change when its job's logic does: the run key hashes both."""
+def test_a_script_sweeps_key_follows_its_job_module_and_what_that_imports(tmp_path):
+    """A thin script's text does not change when its job's logic does, nor when the code the job calls does:
+    the run key hashes the script and every kvcost module it reaches."""
     script = ROOT / "scripts" / "plan_needle.py"
-    job = ROOT / "lib" / "kvcost" / "runs" / "plan_needle.py"
+    lib = ROOT / "lib" / "kvcost"
+    files = sweep_spec.kvcost_imports(script)
+    for reached in (lib / "runs" / "plan_needle.py", lib / "runs" / "tables.py",      # the job, its helper,
+                    lib / "experiments" / "plan.py", lib / "retrieval" / "haystacks.py"):  # what it computes with
+        assert reached.resolve() in [f.resolve() for f in files]
+    assert lib / "cli.py" not in files and len(files) == len(set(files))
     expect = hashlib.sha256(script.read_bytes())
-    expect.update(job.read_bytes())
+    for f in files:
+        expect.update(f.read_bytes())
     assert sweep_spec.script_hash(script) == expect.hexdigest()
     assert sweep_spec.script_hash(script) != hashlib.sha256(script.read_bytes()).hexdigest()
     odd = tmp_path / "odd.py"
     odd.write_text("from kvcost.runs.no_such_job import main\n")
     with pytest.raises(ValueError, match="no_such_job"):
         sweep_spec.script_hash(odd)
+    plain = tmp_path / "plain.py"
+    plain.write_text("import json\nfrom kvcost import paths\n")
+    assert sweep_spec.kvcost_imports(plain) == [lib / "__init__.py", lib / "paths.py"]
 
 
 def test_append_in_chunks_resumes_where_a_run_stopped(tmp_path, capsys):

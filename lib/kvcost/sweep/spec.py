@@ -34,6 +34,7 @@ reads it (no aliases, no key given twice, ``017`` is 17).
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import importlib.util
@@ -41,7 +42,6 @@ import io
 import itertools
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +51,8 @@ from kvcost.params import clip, shorten
 from kvcost.paths import repo_root
 from kvcost.runner import check_params, load_yaml, notebook_path, run_key, script_argv, source_hash
 
-__all__ = ["MAX_RUNS", "Run", "Sweep", "available", "describe", "expand", "load", "script_hash", "sweeps_dir"]
+__all__ = ["MAX_RUNS", "Run", "Sweep", "available", "describe", "expand", "load", "script_hash", "kvcost_imports",
+           "sweeps_dir"]
 
 #: The most runs one sweep may have (checked before the grid is built).
 MAX_RUNS = 100_000
@@ -227,16 +228,50 @@ def load(name_or_path: str | Path, *, scripts: Iterable[str | Path] = (), check_
 
 
 def script_hash(script: Path) -> str:
-    """SHA-256 of a sweep's script and of every ``kvcost.runs`` job it imports: ``scripts/`` are thin entry
-    points, so a change to what a run computes is a change to its job's module, and must change the run's key
-    (a finished run is redone) as a change to the script does."""
+    """SHA-256 of a sweep's script and of every kvcost module it imports, directly or through another kvcost
+    module (the ``kvcost.runs`` job, the experiment and the primitives it calls), each file once in module-name
+    order: ``scripts/`` are thin entry points, so a change to what a run computes is a change to one of those
+    modules, and must change the run's key (a finished run is redone) as a change to the script does."""
     h = hashlib.sha256(script.read_bytes())
-    for mod in sorted(set(re.findall(r"^from (kvcost\.runs\.\w+) import", script.read_text(), flags=re.M))):
-        spec = importlib.util.find_spec(mod)
-        if spec is None or spec.origin is None:
-            raise ValueError(f"script {script.name} imports {mod}, which is not a module of this kvcost")
-        h.update(Path(spec.origin).read_bytes())
+    for origin in kvcost_imports(script):
+        h.update(origin.read_bytes())
     return h.hexdigest()
+
+
+def _module_file(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    return Path(spec.origin) if spec is not None and spec.origin not in (None, "built-in", "frozen") else None
+
+
+def kvcost_imports(source: Path) -> list[Path]:
+    """The files of the kvcost modules ``source`` imports, and those they import in turn (``import kvcost.x``,
+    ``from kvcost.x import y``, ``from kvcost import x`` where ``x`` is a module; an import inside a function
+    counts), in module-name order. A ``kvcost.runs`` job a script names that does not exist is a ValueError."""
+    seen: dict[str, Path] = {}
+    todo = [source]
+    while todo:
+        tree = ast.parse(todo.pop().read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                if name.split(".")[0] != "kvcost" or name in seen:
+                    continue
+                try:
+                    origin = _module_file(name)
+                except (ImportError, ValueError):              # a name imported from a module, not a module
+                    origin = None
+                if origin is None:
+                    if name.startswith("kvcost.runs.") and name.count(".") == 2 and isinstance(node, ast.ImportFrom) \
+                            and name == node.module:
+                        raise ValueError(f"script {source.name} imports {name}, which is not a module of this kvcost")
+                    continue
+                seen[name] = origin
+                todo.append(origin)
+    return [seen[n] for n in sorted(seen)]
 
 
 def _is_file(path: Path) -> bool:
