@@ -415,6 +415,7 @@ def test_passkey_prompt_follows_the_decoders_template():
     text = "".join(map(chr, base.prefix[1:] + base.tail))
     assert text.startswith("Some special magic numbers") and "<|im_" not in text
     assert f"mentioned in the provided text? The special magic number for {base.key}" in text
+    assert text.endswith(f"mentioned in the provided text is: {base.value}") and base.n_answer == len(base.value) + 2
     for p in (chat, base):                         # the span is the needle sentence's, BOS counted
         assert "".join(map(chr, p.prefix[p.needle[0]:p.needle[1]])) == \
             f" One of the special magic numbers for {p.key} is: {p.value}."

@@ -62,22 +62,27 @@ KEYS = ("apple", "river", "garden", "silver", "candle", "forest", "window", "har
 class Template:
     """How a decoder is prompted for the task, as RULER wraps it for the model's type: ``head`` before the
     instruction, ``close`` between the question and the answer prefix; ``bos``: the prompt starts with the
-    tokenizer's BOS token (a base model's text does; SmolLM2's chat template has none)."""
+    tokenizer's BOS token (a base model's text does; SmolLM2's chat template has none); ``sep``: the text
+    between the answer prefix and the value in the scored answer (its tokens are scored with the value's)."""
 
     head: str
     close: str
     bos: bool = False
+    sep: str = " "
 
 
 #: The prompt template of each decoder (kvcost.models.decoders.DECODERS names). SmolLM2-135M-Instruct: its chat
-#: template (ChatML with its default system message); Gemma 3 270M, a base model: RULER's ``base`` template, the
-#: task text and the answer prefix as plain text after BOS.
+#: template (ChatML with its default system message), the value after a space. Gemma 3 270M, a base model: RULER's
+#: ``base`` template, the task text and the answer prefix as plain text after BOS, and the value written as the
+#: needle writes it (``is: 5973790``): greedy decoding after the answer prefix gives ``: 5973790.`` on the trials
+#: tried at 512 and 1,024 tokens, so a space alone would score the model's punctuation, not its retrieval (RULER
+#: scores by string match, where both count).
 TEMPLATES: dict[str, Template] = {
     "smollm2-135m": Template(
         head="<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
              "<|im_start|>user\n",
         close="<|im_end|>\n<|im_start|>assistant\n"),
-    "gemma3-270m": Template(head="", close=" ", bos=True),
+    "gemma3-270m": Template(head="", close=" ", bos=True, sep=": "),
 }
 
 
@@ -91,8 +96,8 @@ def template(model: str) -> Template:
 @dataclass(frozen=True)
 class Prompt:
     """Token ids of one trial: ``prefix`` (instruction, haystack and needle), ``tail`` (question,
-    answer prefix and the value's tokens); the value occupies the last ``n_answer`` tail tokens;
-    ``needle``: the positions [start, end) of the needle sentence's tokens in ``prefix``."""
+    answer prefix and the value's tokens); the value, after its template's ``sep``, occupies the last
+    ``n_answer`` tail tokens; ``needle``: the positions [start, end) of the needle sentence's tokens in ``prefix``."""
 
     prefix: list[int]
     tail: list[int]
@@ -131,7 +136,7 @@ def build_prompt(tok: Any, context: int, depth: float, seed: int, model: str = "
     prefix = bos + ids(head + body.lstrip() + needle + rest)
     # the needle's span: the tokens of the text before it and with it (a boundary token may straddle)
     span = (len(bos) + len(ids(head + body.lstrip())), len(bos) + len(ids(head + body.lstrip() + needle)))
-    ans = ids(" " + value)
+    ans = ids(tpl.sep + value)
     tail = ids(question + answer) + ans
     return Prompt(prefix, tail, len(ans), key, value, float(depth), span)
 
