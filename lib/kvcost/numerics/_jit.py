@@ -16,10 +16,11 @@ users call those modules. What lives here:
 - :func:`gtr_rows`: CDNA3's FP8 MFMA (even and odd halves fused apart, then combined at F2 bits).
 
 The large helpers (:func:`round_nb`, :func:`trunc_nb`, :func:`finish`, :func:`fused_rows`,
-:func:`fused_rows32`, :func:`gtr_rows`) are plain ``@njit`` calls, compiled once per signature, not
-``inline="always"``: numba's IR inlining copied each into every call site (``round_nb`` some ten times
-into the FA3 row kernel), and that copying was most of a fresh clone's compile time (3-4x). LLVM still
-inlines where it pays; the arithmetic, and so every bit, is the same. The small ones stay inlined.
+:func:`fused_rows32`, :func:`gtr_rows`) are plain ``@njit(cache=True)`` calls, compiled once per
+signature (and cached, so another process compiling a new caller loads them), not ``inline="always"``:
+numba's IR inlining copied each into every call site (``round_nb`` some ten times into the FA3 row
+kernel), and that copying was most of a fresh clone's compile time (3-4x). LLVM still inlines where it
+pays; the arithmetic, and so every bit, is the same. The small ones stay inlined.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ FP32_MAN, FP32_EMIN, FP32_MAX = 23, -126, float(np.finfo(np.float32).max)
 _TWO128 = 2.0 ** 128
 
 
-@njit
+@njit(cache=True)
 def round_nb(hi: float, lo: float, m: int, emin: int, fmax: float, ovf: float) -> float:
     """Round the exact value hi + lo to nearest-even in a format (m fraction bits, emin,
     largest finite fmax, overflow value ovf = inf or NaN). Same rule as floats.round_pair
@@ -105,7 +106,7 @@ def add_nb(a: float, b: float, m: int, emin: int, fmax: float, ovf: float) -> fl
 
 
 
-@njit
+@njit(cache=True)
 def trunc_nb(x: float, m: int, emin: int, fmax: float) -> float:
     """x truncated toward zero into a format with m fraction bits, smallest normal exponent
     emin, largest finite fmax (overflow gives fmax, as IEEE truncation does)."""
@@ -131,7 +132,7 @@ def trunc_nb(x: float, m: int, emin: int, fmax: float) -> float:
     return r if x > 0.0 else -r
 
 
-@njit
+@njit(cache=True)
 def finish(s: float, okind: int, om: int, oemin: int, ofmax: float) -> float:
     """The exact instruction sum s written to the accumulator (``OUT_*``)."""
     if okind == OUT_TRUNC:
@@ -173,7 +174,7 @@ def lead2(x: float, emin: int) -> float:
     return np.int64((1023 + e) << 52).view(np.float64)
 
 
-@njit
+@njit(cache=True)
 def fused_rows(tc, prod, wts, kk, ncol, scr, fb, nearest, okind, om, oemin, ofmax, cmin, zw, hb, absw):
     """One fused instruction for ncol outputs at once: tc[j] += the kk terms prod[:kk, j].
 
@@ -238,7 +239,7 @@ def fused_rows(tc, prod, wts, kk, ncol, scr, fb, nearest, okind, om, oemin, ofma
             tc[j] = finish(acc[j] / inv[j], okind, om, oemin, ofmax)
 
 
-@njit
+@njit(cache=True)
 def fused_rows32(tc, prod, mx, kk, ncol, scr, fb, om, ofmax):
     """:func:`fused_rows` in float32 lanes (twice the vector width), bit for bit, for a truncating cut
     into a truncating e8m{om} register (om <= 23), fb <= 16, finite FP8 operands whose products are
@@ -330,7 +331,7 @@ def _floor_at(x: float, e: int) -> float:
     return np.floor(x * _pow2(e))
 
 
-@njit
+@njit(cache=True)
 def gtr_rows(tc, prod, wts, kk, ncol, fb, fb2):
     """CDNA3's FP8 MFMA step for ncol outputs (MMA-Sim's ``gtr_fdpa``): the kk (<= 16) products' even
     and odd terms are each a fused truncated sum at ``fb`` bits on their own largest alignment

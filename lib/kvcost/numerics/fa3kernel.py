@@ -57,7 +57,7 @@ def _e4m3_nonneg(x: float) -> float:
     return x if x != x else r
 
 
-@njit      # a call, not inlined (as _jit.round_nb, which it calls): compile time, same bits
+@njit(cache=True)   # a call, not inlined (as _jit.round_nb, which it calls): compile time, same bits
 def _cast_p(x: float, pk: int) -> float:
     if pk == 0:
         return _e4m3_nonneg(x)
@@ -221,7 +221,7 @@ def row(s, v, vw, vrow0, n, scale_log2, pk, ak, lk, flush, bn, max_off, splits,
             out[j] = _f32add(out[j], _f32(w * outs[sp, j]))
 
 
-@njit      # a call, not inlined: compile time, same bits
+@njit(cache=True)   # a call, not inlined: compile time, same bits
 def _scores(qrow, kT, kwT, n, qk, qemin, grp, sfb, sok, som, soemin, sofmax, zw, srow, prod, wts, scr, qk32, srow32,
             prod32, mx32, scr32):
     """S[:n] = q · K[:n]ᵀ: kT is (d, n_keys), kwT its alignment weights; on the tensor core (``sfb``
