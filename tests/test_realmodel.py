@@ -898,3 +898,12 @@ def test_passkey_job_writes_each_decoders_rows_in_its_folder():
     assert gemma.trial_list == [3]
     with pytest.raises(SystemExit):
         job.parse_args(["--model", "llama", "--context", "1024"])
+
+
+def test_passkey_job_refuses_a_format_the_decoders_cache_cannot_store_before_it_runs(capsys):
+    from kvcost.runs import real_model_passkey as job
+    with pytest.raises(SystemExit):
+        job.parse_args(["--model", "gemma3-270m", "--context", "4096", "--variants", "exact", "store:nvfp4@hf"])
+    err = capsys.readouterr().err
+    assert "--variants store:nvfp4@hf" in err and "drop '@hf'" in err
+    assert job.parse_args(["--context", "1024", "--variants", "store:nvfp4@hf"]).variants == ["store:nvfp4@hf"]

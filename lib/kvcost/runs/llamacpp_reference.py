@@ -48,7 +48,8 @@ ROOT = repo_root()
 TEXT = decoders.TEXT
 OUT = ROOT / "data" / "real_model" / "llamacpp_windows.csv"
 #: Where each decoder's rows go by default (beside its kvcost rows, scripts/real_model_ppl.py's).
-OUTS = {"smollm2-135m": OUT, "gemma3-270m": ROOT / "data" / "real_model" / "gemma3_270m" / "llamacpp_windows.csv"}
+#: Each decoder's default output: llamacpp_windows.csv in its results folder (kvcost.models.decoders.Decoder.data).
+OUTS = {d.name: ROOT / "data" / d.data / "llamacpp_windows.csv" for d in decoders.DECODERS.values()}
 #: The cache specs run by default: every llama.cpp -ctk/-ctv type by kvcost's names, K q8_0 / V q4_0, and each
 #: quantized one '+hadamard' (the build's rotation left on).
 _PLAIN = ["fp32", "fp16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0"]

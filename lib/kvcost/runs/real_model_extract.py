@@ -129,7 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"query rows kept per head (default {Q_ROWS}; {HEADS_Q_ROWS} with --heads)")
     args = ap.parse_args(argv)
     dec = decoders.decoder(args.model)
-    args.out = args.out or (OUT if dec.name == decoders.DEFAULT_DECODER else OUT / dec.name.replace("-", "_"))
+    args.out = args.out or ROOT / "data" / dec.data
     args.q_rows = args.q_rows if args.q_rows is not None else (HEADS_Q_ROWS if args.heads else Q_ROWS)
     if not 1 <= args.q_rows <= Q_ROWS:
         ap.error(f"--q-rows must be between 1 and {Q_ROWS}, got {args.q_rows}")

@@ -8,8 +8,8 @@
 
 Trial i of a context puts the needle at depth (i + 0.5) / trials with seed 1000 * context + i
 (kvcost.experiments.real_decoder_passkey.build_prompt). One CSV row per cell, appended as soon as a
-trial's variants are scored (SmolLM2: data/real_model/passkey.csv; another decoder: passkey.csv in its folder,
-data/real_model/<name with _ for - >/, as its other runs): ``context, trial, depth, tokens, variant, success,
+trial's variants are scored (passkey.csv in the decoder's results folder: data/real_model/ for SmolLM2,
+data/real_model/gemma3_270m/ for Gemma, as its other runs): ``context, trial, depth, tokens, variant, success,
 margin, seconds``; cells already in the file are skipped. Provenance in passkey.json beside it.
 """
 from __future__ import annotations
@@ -30,11 +30,9 @@ OUT = ROOT / "data" / "real_model" / "passkey.csv"
 
 
 def default_out(model: str) -> Path:
-    """Where decoder ``model``'s passkey rows go by default: :data:`OUT` for SmolLM2 (the committed grid), else
-    ``data/real_model/<model>/passkey.csv`` (``gemma3-270m`` → ``gemma3_270m/``)."""
-    if model == decoders.DEFAULT_DECODER:
-        return OUT
-    return ROOT / "data" / "real_model" / model.replace("-", "_") / "passkey.csv"
+    """Where decoder ``model``'s passkey rows go by default: ``passkey.csv`` in its results folder
+    (kvcost.models.decoders.Decoder.data: :data:`OUT` for SmolLM2, ``data/real_model/gemma3_270m/`` for Gemma)."""
+    return ROOT / "data" / decoders.decoder(model).data / "passkey.csv"
 
 
 FIELDS = ["context", "trial", "depth", "tokens", "variant", "success", "margin", "seconds"]
@@ -61,6 +59,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = default_out(args.model)
+    for v in args.variants:                 # a format this decoder's cache cannot store fails now, not mid-grid
+        fmt = decoders.stored_format(v)
+        if fmt is not None:
+            try:
+                decoders.format_for(fmt, args.model)
+            except ValueError as e:
+                ap.error(f"--variants {v}: {e}")
     if not 0 <= args.first_trial < args.trials:
         ap.error(f"--first-trial must be in [0, {args.trials}), got {args.first_trial}")
     last = args.trials if args.only is None else min(args.trials, args.first_trial + args.only)

@@ -46,7 +46,8 @@ ROOT = repo_root()
 TEXT = decoders.TEXT
 OUT = ROOT / "data" / "real_model" / "ppl_windows.csv"
 #: Where each decoder's rows go by default.
-OUTS = {"smollm2-135m": OUT, "gemma3-270m": ROOT / "data" / "real_model" / "gemma3_270m" / "ppl_windows.csv"}
+#: Each decoder's default output: ppl_windows.csv in its results folder (kvcost.models.decoders.Decoder.data).
+OUTS = {d.name: ROOT / "data" / d.data / "ppl_windows.csv" for d in decoders.DECODERS.values()}
 DEFAULT_FORMATS = [
     "fp32", "fp16", "bf16", "fp8_e4m3", "q8_0", "q4_0", "q5_1", "q5_1+hadamard", "q4_0+hadamard", "kivi2",
     "kivi4", "q4_1", "q5_0", "iq4_nl", "q8_0/q4_0", "fp8_e4m3_token", "fp8_e4m3_head", "fp8_e4m3+hadamard",
