@@ -200,6 +200,15 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
                 doc="formats drawn in the storage-loss-against-context figure (the table has every format "
                     "run at two or more contexts)"),
     ]),
+    Schema("08b_two_decoders", [
+        Int("context", 2048, lo=256, doc="tokens per text window of the storage comparison (a context both "
+                                         "decoders' committed windows have)"),
+        Int("passkey_context", 4096, lo=256, doc="prompt length of the passkey comparison (a context both "
+                                                 "decoders' committed grids have)"),
+        Float("alpha", 0.05, lo=0.0, hi=0.5, lo_open=True, doc="family-wise level of the McNemar tests and of "
+                                                               "the rank-agreement test"),
+        Int("permutations", 20000, lo=100, doc="random orders behind the rank agreement's permutation p"),
+    ]),
 ]}
 
 

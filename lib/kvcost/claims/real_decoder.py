@@ -368,13 +368,14 @@ FP4_REFERENCES = ("q4_0", "fp8_e4m3")
 
 
 def fp4_placement(windows: pd.DataFrame, fmt_table: pd.DataFrame, context: int, passkey: pd.DataFrame | None = None,
-                  refs: tuple[str, str] = FP4_REFERENCES) -> str:
+                  refs: tuple[str, str] = FP4_REFERENCES, model: str = "SmolLM2-135M") -> str:
     """Where each FP4 format (E2M1 elements: NVFP4 with its E4M3 scale per 16, the MX ones with a power-of-two
     E8M0 scale per 16 or 32) sits between ``refs`` (q4_0 and fp8_e4m3) on the real decoder: its KL to the fp32
     cache as a ratio to each reference's on the same windows (:func:`kvcost.experiments.real_decoder.
     paired_ratio`: geometric mean, 95% t interval over windows), in the channel order its engine uses, and its
     passkey beside theirs where ``passkey`` (:func:`kvcost.experiments.real_decoder.passkey_table`) has them all,
-    at the longest such context. "Between" needs both intervals to exclude 1 (below q4_0's, above fp8's)."""
+    at the longest such context. "Between" needs both intervals to exclude 1 (below q4_0's, above fp8's).
+    ``model``: the decoder's name, as the text says it."""
     rows = fmt_table[(fmt_table["context"] == context) & fmt_table["engine_order"]]
     fp4 = [f for f in rows["format"] if tables.element_of(f) == "float4_e2m1fn"]
     lo_ref, hi_ref = refs
@@ -391,7 +392,7 @@ def fp4_placement(windows: pd.DataFrame, fmt_table: pd.DataFrame, context: int, 
     if not parts:
         return ""
     n = tables.paired_ratio(windows, context, next(iter(where)), lo_ref)["windows"]
-    text = (f"**Where FP4 sits** (SmolLM2-135M, {context:,} tokens, {n} windows): KL to the fp32 cache against "
+    text = (f"**Where FP4 sits** ({model}, {context:,} tokens, {n} windows): KL to the fp32 cache against "
             f"{lo_ref}'s and {hi_ref}'s on the same windows (geometric mean of the per-window ratio, 95% interval): "
             + "; ".join(parts) + ".")
     if passkey is not None and not passkey.empty:

@@ -1,0 +1,146 @@
+"""Notebook 08b's claims: the post's storage and retrieval claims read on two real decoders at once.
+
+Notebook 08 reads the published claims on SmolLM2-135M; here the same readings are made on Gemma 3 270M
+beside it (a different family: QK-norm, one KV head, 15 of 18 layers on a 512-token sliding window), so that a
+finding that holds on one model only says so:
+
+- llama.cpp's "q8_0 matches f16 perplexity", on both;
+- where FP4 with fine scales sits between q4_0 and fp8 (kvcost.claims.real_decoder.fp4_placement), on both;
+- whether a format's storage loss ranks the same on both (Spearman's ρ over the formats both ran);
+- the post's division of symptoms: the FP8 kernels' and the stored formats' passkey against exact attention on
+  the same trials, per decoder, "loss detected" or "no loss detected at n = …" with what loss was detectable.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import pandas as pd
+
+from kvcost.claims import real_decoder as one
+from kvcost.claims.report import READING, Check, Verdict
+from kvcost.experiments import two_decoders as two
+from kvcost.models import decoders
+
+__all__ = ["printed", "readings", "errata", "verdict", "q8_0_reading", "ranking_reading", "retrieval_reading"]
+
+
+def printed() -> list[Check]:
+    """None here: the post prints no number for a second decoder (notebook 08 holds llama.cpp's against kvcost's)."""
+    return []
+
+
+def errata() -> list[Check]:
+    """None here: the claims are read (:func:`readings`), not recomputed."""
+    return []
+
+
+def _title(model: str) -> str:
+    return decoders.decoder(model).title
+
+
+def q8_0_reading(fmt_tables: Mapping[str, pd.DataFrame], context: int) -> Check | None:
+    """llama.cpp's "q8_0 K/V matches f16 perplexity" on every decoder: q8_0's perplexity minus the fp16 cache's
+    on the same windows within kvcost.claims.real_decoder.MATCH_REL of the fp16 perplexity, on each."""
+    parts, ok = [], []
+    for model, t in fmt_tables.items():
+        t = t[t["context"] == context].set_index("format")
+        if "q8_0" not in t.index or "fp16" not in t.index:
+            return None
+        q8, f16 = t.loc["q8_0"], t.loc["fp16"]
+        rel = abs(float(q8["dppl16"])) / float(f16["ppl"])
+        ok.append(rel <= one.MATCH_REL)
+        lo, hi = q8["dppl16_lo"], q8["dppl16_hi"]
+        ci = "" if math.isnan(lo) else f" [{lo:+.3f}, {hi:+.3f}]"
+        parts.append(f"{_title(model)} {float(q8['dppl16']):+.3f}{ci} on {float(f16['ppl']):.2f} ({rel:.2%}, "
+                     f"{int(q8['windows'])} windows)")
+    return Check(READING, "llama.cpp: q8_0 K/V matches f16 perplexity, on both decoders", "matches",
+                 f"q8_0 − fp16 perplexity at {context:,} tokens: " + "; ".join(parts), all(ok),
+                 f"'matches' read as within {one.MATCH_REL:.1%} of the fp16 perplexity, as notebook 08 reads it")
+
+
+def ranking_reading(side: pd.DataFrame, alpha: float = 0.05) -> Check | None:
+    """A format's storage loss ranks the same on both decoders: Spearman's ρ of the two KL rankings
+    (kvcost.experiments.two_decoders.rank_agreement), holding where the permutation p is below ``alpha``."""
+    if side.empty:
+        return None
+    r = two.rank_agreement(side)
+    if not r["formats"] >= 3:
+        return None
+    wide = side.pivot(index="format", columns="model", values="rank")
+    moved = (wide[r["models"][0]] - wide[r["models"][1]]).abs().sort_values(ascending=False)
+    far = ", ".join(f"{f} ({int(wide.loc[f, r['models'][0]])} vs {int(wide.loc[f, r['models'][1]])})"
+                    for f in moved.index[:3] if moved[f] >= 3)
+    return Check(READING, "A storage format's loss ranks the same on two decoders", "not claimed (the post uses one "
+                 "ranking for every model)",
+                 f"Spearman ρ = {r['rho']:.2f} over {r['formats']} formats (permutation p ≤ {max(r['p'], 1e-4):.0e})"
+                 + (f"; furthest apart: {far}" if far else ""), r["p"] < alpha,
+                 "ranks by mean KL to each decoder's fp32 cache at the same context; the post ranks formats once, "
+                 "for any model")
+
+
+def _judged(t: pd.DataFrame, kind: str) -> pd.DataFrame:
+    stored = t["variant"].map(lambda v: decoders.stored_format(v) is not None)
+    if kind == "stored":
+        return t[stored]
+    return t[~stored & ~t["variant"].str.contains("frac_bits")]
+
+
+def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str) -> Check | None:
+    """The post's division of symptoms on each decoder, one effect at a time: "the needle stops being attended
+    to" is accumulation's (``kind="kernel"``: the FP8 kernels at full register width; the narrowed registers,
+    the stand-in for longer contexts, are notebook 08's) and storage gives "slight output drift"
+    (``kind="stored"``: the stored formats). ``against``: decoder name → kvcost.experiments.two_decoders.
+    against_exact. Holds where no such variant loses the needle on either decoder; with none lost it says what
+    loss the grid could have detected."""
+    parts, lost_any, n_min = [], [], None
+    for model, t in against.items():
+        judged = _judged(t, kind) if not t.empty else t
+        if judged.empty:
+            continue
+        lost = judged[judged["loses_needle"]]
+        n_min = min(int(judged["trials"].min()), n_min or 10**9)
+        ctx = ", ".join(f"{c:,}" for c in sorted(judged["context"].unique()))
+        detect = judged["detectable"].dropna()
+        parts.append(f"{_title(model)} at {ctx} tokens: "
+                     + (f"loss detected for {', '.join(lost['variant'])} (of {len(judged)})" if len(lost) else
+                        f"no loss detected for {len(judged)} variants at n = {int(judged['trials'].min())}"
+                        + (f" (a loss of {int(detect.max())} trials would have been detected)" if len(detect) else "")))
+        lost_any.append(len(lost) > 0)
+    if not parts:
+        return None
+    claim = ("No needle lost to the FP8 kernels at full register width at these contexts (the post: lost at ~100k, "
+             "to accumulation)" if kind == "kernel" else
+             "No needle lost to storage (the post: storage gives 'slight output drift, higher perplexity')")
+    return Check(READING, claim, "not lost" if kind == "kernel" else "drift, not a lost needle", "; ".join(parts),
+                 not any(lost_any),
+                 f"exact McNemar against exact attention on the same trials, Holm–Tarone per decoder; n ≥ {n_min}")
+
+
+def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context: int,
+             against: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
+    """The readings on both decoders: :func:`q8_0_reading`, :func:`ranking_reading` and, with the passkey grids
+    against exact (``against``), :func:`retrieval_reading`."""
+    out = [q8_0_reading(fmt_tables, context), ranking_reading(side)]
+    if against:
+        out += [retrieval_reading(against, "kernel"), retrieval_reading(against, "stored")]
+    return [c for c in out if c is not None]
+
+
+def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.DataFrame], side: pd.DataFrame,
+            context: int, against: Mapping[str, pd.DataFrame] | None = None) -> Verdict:
+    """Notebook 08b's verdict: :func:`readings`, then where FP4 sits on each decoder
+    (kvcost.claims.real_decoder.fp4_placement, ``windows``: decoder name → its per-window rows) and the runs
+    behind them. ``fmt_tables``: decoder name → the rows its engines store
+    (kvcost.experiments.two_decoders.engine_rows)."""
+    fp4 = [one.fp4_placement(windows[m], t.assign(engine_order=True), context, model=_title(m))
+           for m, t in fmt_tables.items()]
+    runs = "; ".join(f"{_title(m)}: {int(t[t['context'] == context]['windows'].max())} windows at {context:,} "
+                     f"tokens, {t[t['context'] == context]['format'].nunique()} formats" for m, t in fmt_tables.items())
+    grids = "" if not against else " Passkey: " + "; ".join(
+        f"{_title(m)} {len(a)} variants against exact at {', '.join(f'{c:,}' for c in sorted(a['context'].unique()))}"
+        f" tokens, {int(a['trials'].min())}–{int(a['trials'].max())} trials each"
+        for m, a in against.items() if not a.empty) + "."
+    extra = "\n\n".join([f for f in fp4 if f] + [f"Runs committed: {runs}.{grids}"])
+    return Verdict(printed=printed(), readings=readings(fmt_tables, side, context, against), errata=errata(),
+                   what="published numbers", extra=extra)

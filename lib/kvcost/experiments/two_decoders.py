@@ -1,0 +1,230 @@
+"""Two real decoders side by side (notebook 08b): SmolLM2-135M and Gemma 3 270M on the same measures.
+
+Each decoder's committed runs sit in its results folder (:attr:`kvcost.models.decoders.Decoder.data`):
+per-window perplexity / KL rows (``ppl_windows.csv``), llama.cpp's on the same windows
+(``llamacpp_windows.csv``), the passkey grid (``passkey.csv``) and the K/V statistics (``head_stats.csv``).
+Notebook 08 computes each decoder's tables (kvcost.experiments.real_decoder); the functions here join them:
+
+- :func:`storage_side_by_side`: each storage format's KL and Δ perplexity on both, by the format's name without
+  its channel-order suffix (SmolLM2's ``nvfp4@hf`` is the order vLLM stores it in; Gemma's GGUF has one order,
+  so its ``nvfp4`` is that same storage), with each decoder's rank;
+- :func:`rank_agreement`: whether the formats rank alike on the two (Spearman's ρ, a permutation p);
+- :func:`against_exact`: every passkey variant against exact attention on the same trials (exact McNemar,
+  Holm–Tarone over the family), with what loss the test could have detected where it detects none;
+- :func:`structure`: the K/V structure per decoder and layer type (the outlier channels before and after RoPE
+  and, for Gemma, after QK-norm).
+
+numpy and pandas only.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvcost import stats
+from kvcost.models import decoders
+from kvcost.paths import data_path
+from kvcost.provenance import checked
+
+__all__ = ["DECODERS", "results_path", "load_results", "load_provenance", "run_command", "UNIT_GRID", "passkey_rows",
+           "storage_name", "engine_rows", "storage_side_by_side", "rank_agreement", "against_exact", "structure"]
+
+#: The decoders compared, in the order they are shown (kvcost.models.decoders.DECODERS names).
+DECODERS = ("smollm2-135m", "gemma3-270m")
+
+
+def results_path(model: str, name: str) -> Path:
+    """Decoder ``model``'s committed results file ``name`` (in its :attr:`~kvcost.models.decoders.Decoder.data`
+    folder)."""
+    return data_path(*Path(decoders.decoder(model).data).parts, name)
+
+
+def load_results(model: str, name: str, required: bool = True) -> pd.DataFrame:
+    """Decoder ``model``'s committed CSV ``name``, its sha256 checked against its provenance; an empty frame when
+    it is not there and not ``required`` (a grid not yet run)."""
+    p = results_path(model, name)
+    if not p.is_file():
+        if required:
+            raise ValueError(f"parameter 'name': {decoders.decoder(model).title} has no results file {name!r} "
+                             f"in data/{decoders.decoder(model).data}")
+        return pd.DataFrame()
+    return pd.read_csv(checked(p))
+
+
+def load_provenance(model: str, name: str) -> dict:
+    """The JSON provenance beside decoder ``model``'s results file (``name``: the JSON's own name, e.g.
+    ``ppl_windows.json``): command, versions, date, digests."""
+    p = results_path(model, name)
+    if not p.is_file():
+        raise ValueError(f"parameter 'name': {decoders.decoder(model).title} has no provenance file {name!r}")
+    return json.loads(p.read_text(encoding="utf-8"))
+
+
+def run_command(prov: Mapping) -> str:
+    """The command a provenance record (:func:`load_provenance`) says wrote its file (the last of ``commands``
+    where a file was grown in several runs), with an ``--out`` outside the repository (a scratch copy the rows
+    were made in and then copied here) shown as ``--out <scratch>``."""
+    cmd = prov["command"] if "command" in prov else prov["commands"][-1]
+    return re.sub(r"--out /\S+", "--out <scratch>", cmd)
+
+
+#: The kernel variants' grid on the MMA-Sim-exact unit, where a decoder has one beside an older grid (SmolLM2's
+#: ``passkey.csv`` ran the FP8 kernel on the products-only model, notebook 08; Gemma's ran on the unit from the start).
+UNIT_GRID = "passkey_unit.csv"
+
+
+def passkey_rows(model: str) -> pd.DataFrame:
+    """Decoder ``model``'s committed passkey rows as the current kernels give them: ``passkey.csv``, with its
+    ``fa3…`` rows replaced by :data:`UNIT_GRID`'s where the decoder has that grid (the same trials: exact attention
+    is in both). Empty when the decoder has no grid yet."""
+    rows = load_results(model, "passkey.csv", required=False)
+    unit = load_results(model, UNIT_GRID, required=False)
+    if unit.empty or rows.empty:
+        return rows if not rows.empty else unit
+    keep = rows[~rows["variant"].str.startswith("fa3")]
+    unit = unit[unit["variant"].str.startswith("fa3")]
+    return pd.concat([keep, unit], ignore_index=True)
+
+
+def storage_name(fmt: str) -> str:
+    """A format's name without its channel-order suffix (``nvfp4@hf`` → ``nvfp4``): the storage, whichever
+    decoder's channel order its blocks are cut in."""
+    return fmt.removesuffix("@hf")
+
+
+def engine_rows(table: pd.DataFrame, model: str) -> pd.DataFrame:
+    """The rows of ``table`` (kvcost.experiments.real_decoder.format_table) measured as the engines store K: its
+    ``engine_order`` rows for a decoder whose GGUF permutes K's channels (SmolLM2: llama.cpp's order for
+    llama.cpp's formats, ``@hf`` for vLLM's and SGLang's), every row for one whose GGUF keeps transformers'
+    order (Gemma: there is one order, every engine's)."""
+    if decoders.decoder(model).k_permuted:
+        return table[table["engine_order"]].reset_index(drop=True)
+    return table.reset_index(drop=True)
+
+
+def storage_side_by_side(tables: Mapping[str, pd.DataFrame], context: int) -> pd.DataFrame:
+    """Each storage format measured on every decoder at ``context`` tokens, one row per (format, decoder):
+    ``format`` (:func:`storage_name`), ``model`` (its title), ``measured_as`` (the name it was run under),
+    ``windows``, ``kl`` / ``kl_lo`` / ``kl_hi`` (nats per token from the fp32 cache, 95% t interval over
+    windows), ``dppl`` with its interval, ``top1`` and ``rank`` (1 = the smallest KL among the formats the
+    decoders share). ``tables``: decoder name → kvcost.experiments.real_decoder.format_table, already the rows
+    each decoder's engines store (:func:`engine_rows`). fp32 is left out (the reference)."""
+    picked = {}
+    for model, t in tables.items():
+        t = t[(t["context"] == context) & (t["format"] != "fp32")]
+        names = t["format"].map(storage_name)
+        if names.duplicated().any():
+            raise ValueError(f"parameter 'tables': {model}'s rows name {sorted(names[names.duplicated()])} twice "
+                             "after dropping the channel-order suffix: pass the rows its engine stores")
+        picked[model] = t.assign(measured_as=t["format"], format=names)
+    if not picked:
+        return pd.DataFrame()
+    common = sorted(set.intersection(*(set(t["format"]) for t in picked.values())))
+    rows = []
+    for model, t in picked.items():
+        t = t[t["format"].isin(common)].sort_values(["kl", "format"]).reset_index(drop=True)
+        t = t.assign(model=decoders.decoder(model).title, rank=np.arange(1, len(t) + 1))
+        rows.append(t[["format", "model", "measured_as", "windows", "kl", "kl_lo", "kl_hi", "dppl", "dppl_lo",
+                       "dppl_hi", "top1", "rank"]])
+    return pd.concat(rows, ignore_index=True)
+
+
+def rank_agreement(side: pd.DataFrame, permutations: int = 20_000, seed: int = 0) -> dict:
+    """Do the formats rank alike on the two decoders? ``side``: :func:`storage_side_by_side`. Spearman's ρ of
+    the two KL rankings over the shared formats, and the one-sided permutation p of a ρ at least as large
+    (``permutations`` random orders, seeded; its floor is 1 / (permutations + 1)). Returns ``{"rho", "p",
+    "formats", "models"}``."""
+    models = list(dict.fromkeys(side["model"]))
+    if len(models) != 2:
+        raise ValueError(f"parameter 'side' must hold exactly two decoders, got {models}")
+    wide = side.pivot(index="format", columns="model", values="rank").dropna()
+    a, b = wide[models[0]].to_numpy(float), wide[models[1]].to_numpy(float)
+    n = len(a)
+    if n < 3:
+        return {"rho": math.nan, "p": math.nan, "formats": n, "models": models}
+
+    def rho(x: np.ndarray, y: np.ndarray) -> float:
+        x, y = x - x.mean(), y - y.mean()
+        return float((x * y).sum() / math.sqrt((x * x).sum() * (y * y).sum()))
+
+    r = rho(a, b)
+    rng = np.random.default_rng(seed)
+    perms = np.argsort(rng.random((permutations, n)), axis=1)
+    bc = b - b.mean()
+    null = ((a - a.mean())[None, :] * bc[perms]).sum(axis=1) / math.sqrt(((a - a.mean()) ** 2).sum() * (bc ** 2).sum())
+    p = (1 + int((null >= r - 1e-12).sum())) / (permutations + 1)
+    return {"rho": r, "p": p, "formats": n, "models": models}
+
+
+def against_exact(rows: pd.DataFrame, context: int | None = None, alpha: float = 0.05,
+                  min_trials: int = 1) -> pd.DataFrame:
+    """Every passkey variant against exact attention on the same trials (the same prompts), per (context,
+    variant): ``trials`` paired, ``successes`` with the Wilson 95% ``lo``/``hi``, ``exact_successes``, the
+    discordant trials (``lost``: exact retrieved and the variant did not; ``gained``: the reverse), the exact
+    McNemar ``p_value``, ``loses_needle`` — rejected by Holm's correction over the family at ``alpha`` with
+    Tarone's refinement (a row with too few discordant trials to ever reach significance does not count) and
+    more trials lost than gained — and ``detectable``: the fewest trials lost (none gained) that would have been
+    rejected as the first of that family (``None`` when no loss of n trials could be). ``verdict`` says "loss
+    detected" or "no loss detected at n = …". ``rows``: a passkey grid (``context, trial, variant, success``);
+    ``context`` restricts it to one context."""
+    cols = ["context", "variant", "trials", "successes", "lo", "hi", "exact_successes", "lost", "gained", "p_value",
+            "loses_needle", "detectable", "verdict"]
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    if context is not None:
+        rows = rows[rows["context"] == context]
+    exact = rows[rows["variant"] == "exact"].set_index(["context", "trial"])["success"]
+    out = []
+    for (c, v), g in rows[rows["variant"] != "exact"].groupby(["context", "variant"], sort=False):
+        g = g[[(c, t) in exact.index for t in g["trial"]]]
+        if len(g) < min_trials:
+            continue
+        mine = g["success"].to_numpy().astype(bool)
+        ref = exact.loc[[(c, t) for t in g["trial"]]].to_numpy().astype(bool)
+        lost, gained = int((ref & ~mine).sum()), int((mine & ~ref).sum())
+        k, n = int(mine.sum()), len(mine)
+        lo, hi = stats.wilson(k, n)
+        out.append({"context": int(c), "variant": v, "trials": n, "successes": k, "lo": lo, "hi": hi,
+                    "exact_successes": int(ref.sum()), "lost": lost, "gained": gained,
+                    "p_value": stats.mcnemar_exact(lost, gained)})
+    t = pd.DataFrame(out, columns=cols[:10])
+    if t.empty:
+        return pd.DataFrame(columns=cols)
+    discordant = t["lost"] + t["gained"]
+    reject = stats.holm(t["p_value"], alpha, min_pvalues=[stats.mcnemar_min_p(d) for d in discordant])
+    t["loses_needle"] = [bool(r) and lo > ga for r, lo, ga in zip(reject, t["lost"], t["gained"])]
+    # the family Holm's first step divides alpha by: the rows that could reach significance (Tarone) once a loss
+    # of d trials is seen in one of them
+    m = max(1, int(sum(stats.mcnemar_min_p(d) < alpha for d in discordant)))
+    t["detectable"] = [next((d for d in range(1, int(e) + 1) if stats.mcnemar_exact(d, 0) < alpha / m), None)
+                       for e in t["exact_successes"]]
+    t["verdict"] = [("loss detected" if r.loses_needle else
+                     f"no loss detected at n = {r.trials}" + (f" (a loss of {r.detectable} trials would have been "
+                                                              "detected)" if r.detectable else
+                                                              " (no loss this small a grid could detect)"))
+                    for r in t.itertuples()]
+    return t
+
+
+def structure(heads: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """K/V structure per decoder and layer type: ``layers``, the median over layers of K's largest
+    channel-RMS ratio before RoPE (``k_pre``), after QK-norm where the decoder has one (``k_norm``, NaN
+    otherwise) and after RoPE (``k_post``: what the cache stores), and of V's largest token-norm ratio.
+    ``heads``: decoder name → its ``head_stats.csv`` (kvcost.runs.real_model_extract)."""
+    rows = []
+    for model, h in heads.items():
+        kinds = h["layer_type"] if "layer_type" in h else pd.Series("full", index=h.index)
+        for kind, g in h.groupby(kinds, sort=True):
+            rows.append({"model": decoders.decoder(model).title, "layer_type": kind, "layers": g["layer"].nunique(),
+                         "k_pre": float(g["k_pre_max_channel_ratio"].median()),
+                         "k_norm": float(g["k_norm_max_channel_ratio"].median())
+                         if "k_norm_max_channel_ratio" in g else math.nan,
+                         "k_post": float(g["k_post_max_channel_ratio"].median()),
+                         "v_token": float(g["v_max_token_ratio"].median())})
+    return pd.DataFrame(rows)

@@ -1,0 +1,94 @@
+"""kvcost.experiments.two_decoders and kvcost.claims.two_decoders: known answers first, then the committed runs."""
+import math
+
+import pandas as pd
+import pytest
+
+from kvcost.claims import two_decoders as claims
+from kvcost.experiments import real_decoder as real
+from kvcost.experiments import two_decoders as two
+
+
+def _grid(variant_success: dict[str, list[int]]) -> pd.DataFrame:
+    return pd.DataFrame([{"context": 4096, "trial": i, "variant": v, "success": s, "margin": 1.0}
+                         for v, ss in variant_success.items() for i, s in enumerate(ss)])
+
+
+def test_against_exact_detects_a_lost_needle_and_says_what_no_detection_means():
+    rows = _grid({"exact": [1] * 20, "same": [1] * 20, "lost": [0] * 20, "few": [1] * 18 + [0] * 2,
+                  "store:q4_0": [1] * 19 + [0]})
+    t = two.against_exact(rows).set_index("variant")
+    assert bool(t.loc["lost", "loses_needle"]) and t.loc["lost", "verdict"] == "loss detected"
+    assert (t.loc["lost", "lost"], t.loc["lost", "gained"]) == (20, 0)
+    assert t.loc["lost", "p_value"] == pytest.approx(2 * 0.5 ** 20)
+    for v in ("same", "few", "store:q4_0"):              # 0, 2 and 1 trials lost of 20: not detectable
+        assert not t.loc[v, "loses_needle"]
+        assert t.loc[v, "verdict"].startswith("no loss detected at n = 20 (a loss of ")
+    # only "lost" (20 discordant) could ever reach 5% (Tarone: 2 discordant trials give p >= 0.5), so the family is
+    # one and a loss of d trials with none gained is detected once 2^(1-d) < 0.05: d = 6
+    assert set(t["detectable"]) == {6}
+    assert t.loc["few", "successes"] == 18 and t.loc["few", "exact_successes"] == 20
+    # a variant is judged only on the trials exact attention ran
+    assert two.against_exact(rows[(rows["variant"] != "exact") | (rows["trial"] < 5)]).set_index("variant").loc[
+        "lost", "trials"] == 5
+    assert two.against_exact(pd.DataFrame()).empty
+
+
+def test_rank_agreement_knows_the_same_and_the_reversed_order():
+    fmts = [f"f{i}" for i in range(8)]
+    same = pd.DataFrame({"format": fmts * 2, "model": ["a"] * 8 + ["b"] * 8, "rank": list(range(1, 9)) * 2})
+    r = two.rank_agreement(same, permutations=2000)
+    assert r["rho"] == pytest.approx(1.0) and r["p"] < 0.001 and r["formats"] == 8
+    rev = same.assign(rank=list(range(1, 9)) + list(range(8, 0, -1)))
+    r = two.rank_agreement(rev, permutations=2000)
+    assert r["rho"] == pytest.approx(-1.0) and r["p"] > 0.99
+    with pytest.raises(ValueError, match="'side'"):
+        two.rank_agreement(same[same["model"] == "a"])
+
+
+def test_storage_side_by_side_joins_a_format_across_channel_orders():
+    def table(fmts, kls):
+        return pd.DataFrame({"context": 2048, "format": fmts, "windows": 4, "kl": kls, "kl_lo": kls, "kl_hi": kls,
+                             "dppl": 0.0, "dppl_lo": 0.0, "dppl_hi": 0.0, "top1": 1.0, "engine_order": True})
+    smol = table(["fp32", "q8_0", "nvfp4@hf", "only_here"], [0.0, 0.001, 0.1, 0.5])
+    gemma = table(["fp32", "q8_0", "nvfp4"], [0.0, 0.002, 0.2])
+    side = two.storage_side_by_side({"smollm2-135m": smol, "gemma3-270m": gemma}, 2048)
+    assert sorted(set(side["format"])) == ["nvfp4", "q8_0"]          # shared only, fp32 (the reference) left out
+    nv = side[side["format"] == "nvfp4"].set_index("model")
+    assert nv.loc["SmolLM2-135M-Instruct", "measured_as"] == "nvfp4@hf" and nv.loc["Gemma 3 270M", "kl"] == 0.2
+    assert list(side[side["format"] == "q8_0"]["rank"]) == [1, 1]
+    twice = table(["q8_0", "q8_0@hf"], [0.1, 0.2])
+    with pytest.raises(ValueError, match="twice"):
+        two.storage_side_by_side({"smollm2-135m": twice}, 2048)
+    # SmolLM2's GGUF permutes K: its engine rows only; Gemma's has one order: every row
+    mixed = table(["q4_0", "q4_0@hf"], [0.1, 0.2]).assign(engine_order=[True, False])
+    assert list(two.engine_rows(mixed, "smollm2-135m")["format"]) == ["q4_0"]
+    assert len(two.engine_rows(mixed, "gemma3-270m")) == 2
+
+
+def test_retrieval_readings_report_each_effect_separately():
+    rows = _grid({"exact": [1] * 20, "fa3": [1] * 20, "fa3:frac_bits=4": [0] * 20, "store:kivi2": [0] * 20})
+    against = {"smollm2-135m": two.against_exact(rows)}
+    kernel = claims.retrieval_reading(against, "kernel")
+    stored = claims.retrieval_reading(against, "stored")
+    assert kernel.agrees is True and "no loss detected for 1 variants at n = 20" in kernel.computed
+    assert "frac_bits" not in kernel.computed                       # the narrowed register is not the kernel
+    assert stored.agrees is False and "loss detected for store:kivi2" in stored.computed
+
+
+def test_committed_runs_side_by_side():
+    windows = {"smollm2-135m": real.load_windows(), "gemma3-270m": real.load_windows("gemma3_270m/ppl_windows.csv")}
+    tables = {m: two.engine_rows(real.format_table(w), m) for m, w in windows.items()}
+    side = two.storage_side_by_side(tables, 2048)
+    r = two.rank_agreement(side)
+    assert r["formats"] >= 15 and r["rho"] > 0.8 and r["p"] < 0.01
+    q8 = claims.q8_0_reading(tables, 2048)
+    assert q8.agrees is True and "Gemma 3 270M" in q8.computed
+    heads = {m: two.load_results(m, "head_stats.csv") for m in two.DECODERS}
+    kv = two.structure(heads).set_index(["model", "layer_type"])
+    assert math.isnan(kv.loc[("SmolLM2-135M-Instruct", "full"), "k_norm"])
+    assert kv.loc[("Gemma 3 270M", "full"), "layers"] == 3 and kv.loc[("Gemma 3 270M", "sliding"), "layers"] == 15
+    assert two.run_command({"command": "python x.py --out /tmp/a/b.csv --k 1"}) == "python x.py --out <scratch> --k 1"
+    with pytest.raises(ValueError, match="no results file"):
+        two.load_results("gemma3-270m", "nothing.csv")
+    assert two.load_results("gemma3-270m", "nothing.csv", required=False).empty
