@@ -190,6 +190,15 @@ def test_the_every_head_extract_holds_every_layer_of_smollm2(qheads):
         assert np.abs(big.q - small.q[-8:]).max() <= 2 ** -8
 
 
+def test_the_every_head_extract_of_gemma_holds_its_global_layers():
+    every = haystacks.query_heads("gemma3-heads")
+    assert [h.label for h in every] == [f"L{layer}q{i}" for layer in (5, 11, 17) for i in range(4)]
+    assert {h.kv_head for h in every} == {0} and every[0].k.shape == (512, 256) and every[0].q.shape == (8, 256)
+    assert list(every[0].q_pos) == list(range(504, 512))
+    w = every[0].weights(0)                       # a real softmax row over the keys up to its query
+    assert abs(w.sum() - 1.0) < 1e-9 and len(w) == 505
+
+
 def test_real_haystack_holds_the_real_shares_and_is_deterministic(qheads):
     h = qheads[30]                                     # layer 20: a sink head
     a, b = haystacks.real_haystack(h, 4096, 0.05, 1), haystacks.real_haystack(h, 4096, 0.05, 1)

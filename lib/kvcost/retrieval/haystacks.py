@@ -241,13 +241,16 @@ class QueryHead:
 
 
 #: The committed extracts with real queries, by name: SmolLM2-135M's five layers (0, 1, 10, 20, 29; 64 query
-#: rows per head) and its every-head extract (all 30 layers, 8 rows per head; ``real_model_extract --heads``).
-QUERY_SOURCES = {"smollm2": "data/real_model/smollm2_kv.npz", "smollm2-heads": "data/real_model/smollm2_heads.npz"}
+#: rows per head) and its every-head extract (all 30 layers, 8 rows per head; ``real_model_extract --heads``), and
+#: Gemma 3 270M's every-head extract (its three global layers 5, 11, 17, four query heads on one KV head of 256
+#: channels, 8 rows per head).
+QUERY_SOURCES = {"smollm2": "data/real_model/smollm2_kv.npz", "smollm2-heads": "data/real_model/smollm2_heads.npz",
+                 "gemma3-heads": "data/real_model/gemma3_270m/gemma3_270m_heads.npz"}
 
 
 def query_heads(source: str = "smollm2") -> list[QueryHead]:
     """Every query head of ``source``'s committed extract (:data:`QUERY_SOURCES`; SmolLM2-135M's 9 query
-    heads a layer, grouped three to a KV head), in layer then head order."""
+    heads a layer, grouped three to a KV head; Gemma 3 270M's 4 on one), in layer then head order."""
     if source not in QUERY_SOURCES:
         raise ValueError(f"parameter 'source' must be one of {list(QUERY_SOURCES)} (the extracts with real "
                          f"queries), got {source!r}")
