@@ -3,6 +3,7 @@ the needle. Its findings are not checks of the post: the verdict is computed tex
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 
 import pandas as pd
 
@@ -82,13 +83,18 @@ def errata() -> list[Check]:
 
 
 def verdict(summ: pd.DataFrame, loss: pd.DataFrame, fit: pd.DataFrame, beside: pd.DataFrame,
-            n_pub: int, spread: pd.DataFrame | None = None) -> Verdict:
+            n_pub: int, spread: pd.DataFrame | None = None,
+            other_heads: Mapping[str, pd.DataFrame] | None = None) -> Verdict:
     """Notebook 10's verdict: no checks (:func:`printed`, :func:`readings` and :func:`errata` are empty), and
     its findings as computed text (``extra``, :func:`_findings`; with ``spread``,
-    :func:`kvcost.experiments.which_gpu.head_spread`'s table, what every head shows)."""
+    :func:`kvcost.experiments.which_gpu.head_spread`'s table, what every head of SmolLM2 shows, and with
+    ``other_heads`` (decoder name → its head_spread) what every head of another decoder shows)."""
     text = _findings(summ, loss, fit, beside, n_pub)
     if spread is not None and len(spread):
         text += "\n\n" + every_head_text(spread)
+    for model, other in (other_heads or {}).items():
+        if len(other):
+            text += "\n\n" + every_head_text(other, model)
     return Verdict(printed=printed(), readings=readings(), errata=errata(), extra=text)
 
 
@@ -101,17 +107,17 @@ def _layers_text(lossy: str, every: str) -> str:
     return f"in {len(got)} of {len(all_)} layers" + (f" (all but {', '.join(map(str, rest))})" if rest else "")
 
 
-def every_head_text(spread: pd.DataFrame) -> str:
-    """What the every-head grid shows, per context: the kernels that lost a haystack on some head (pooled rate
-    with its interval clustered by head, how many heads lost any and in which layers) and the ones that kept
-    every haystack (with the loss rate the clustered interval excludes)."""
+def every_head_text(spread: pd.DataFrame, model: str = "SmolLM2-135M") -> str:
+    """What the every-head grid of decoder ``model`` shows, per context: the kernels that lost a haystack on some
+    head (pooled rate with its interval clustered by head, how many heads lost any and in which layers) and the
+    ones that kept every haystack (with the loss rate the clustered interval excludes)."""
     parts = []
     for n, g in spread.groupby("n_tokens", sort=True):
         heads = int(g["heads"].max())
         per = int(g["haystacks"].max()) // max(heads, 1)
         lossy = g[g["kept"] < g["haystacks"]]
         clean = g[g["kept"] == g["haystacks"]]
-        line = f"**Per head** ({heads} query heads, {per} haystacks each, at {int(n):,} tokens): "
+        line = f"**Per head** ({model}: {heads} query heads, {per} haystacks each, at {int(n):,} tokens): "
         if len(lossy):
             line += "; ".join(f"{r.kernel} on {r.gpu} kept {r.kept}/{r.haystacks} = {r.kept_rate:.0%} "
                               f"[{r.lo:.0%}, {r.hi:.0%}] (clustered by head, effective n {r.n_eff:.0f}); "
