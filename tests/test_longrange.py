@@ -299,8 +299,9 @@ def test_head_spread_shows_what_a_pooled_rate_hides():
     # the clustered interval sees six heads, not 24 haystacks: wider than the binomial one
     assert lossy["hi"] - lossy["lo"] > stats.wilson(18, 24)[1] - stats.wilson(18, 24)[0]
     text = claims_wg.every_head_text(wg.head_spread(rates))
-    assert text.startswith("**Per head** (SmolLM2-135M: 6 query heads, 4 haystacks each, at 4,096 tokens): lossy on Hopper kept "
-                           "18/24 = 75%")
+    assert text.startswith("**Per head** (SmolLM2-135M: 6 query heads, 4 haystacks each, at 4,096 tokens): lossy on "
+                           "Hopper kept 18/24 = 75%")
+    assert claims_wg.every_head_text(wg.head_spread(rates), "Gemma 3 270M").startswith("**Per head** (Gemma 3 270M: 6 ")
     assert "2 heads lost at least one haystack, 1 lost every one, in layers 3" in text
     assert f"No loss detected for the other 1 kernels: every haystack kept on every head (a loss rate above " \
            f"{1 - clean['lo']:.1%} would have been seen)" in text

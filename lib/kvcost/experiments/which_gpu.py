@@ -30,8 +30,8 @@ from kvcost.paths import data_path
 from kvcost.provenance import checked
 from kvcost.retrieval import haystacks, measure
 
-__all__ = ["COMMITTED", "EVERY_HEAD_KERNELS", "LAW_FRAC_BITS", "committed", "first_loss", "grid", "head_rates",
-           "head_spread", "law_fit", "law_grid", "pick_heads", "restored", "slice_check", "summary"]
+__all__ = ["COMMITTED", "EVERY_HEAD_KERNELS", "GEMMA_HEAD_GRIDS", "LAW_FRAC_BITS", "committed", "first_loss", "grid",
+           "head_rates", "head_spread", "law_fit", "law_grid", "pick_heads", "restored", "slice_check", "summary"]
 
 #: The committed grid and law runs (scripts/which_gpu_grid.py, sweeps/which_gpu.yaml): a folder of the package
 #: data (``data/which_gpu`` in a checkout).
@@ -43,6 +43,9 @@ LAW_FRAC_BITS = (13, 25, 35)
 EVERY_HEAD_KERNELS = ("FA4 FP8, offset 8, stale max 4 (PR #2109)", "FA3 FP8, no fix", "CK fmha FP8 (CDNA3)",
                       "FA4 FP8, offset 4 (PR #2717)", "FA4 FP8, offset 8, max every tile (PR #2731)",
                       "FA3 FP8, PR #104 (every tile)")
+#: The same kernels on every query head of Gemma 3 270M's global layers (haystacks.QUERY_SOURCES "gemma3-heads"),
+#: one committed table per context run.
+GEMMA_HEAD_GRIDS = ("grid_heads_gemma.csv", "grid_heads_gemma_32k.csv")
 _BATCH_ELEMENTS = 1 << 25
 
 
