@@ -10,4 +10,7 @@ writes its table with provenance beside it (:func:`kvcost.provenance.write_run`)
 - long-context measurements: ``long_range_needle``, ``long_range_retrieval`` (notebook 06), ``plan_needle``
   (09), ``which_gpu_grid`` (10); ``tensorcore_validation``, the units against MMA-Sim;
 - the documentation's generated tables: ``gen_docs`` (docs/notebooks.md), ``plan_readme_table`` (README.md).
+
+What the jobs share in writing their tables is ``tables`` (the resumable chunked-append loop and the
+``--check`` of a generated document); the one job another imports is ``extract_real_kv`` (its R reader).
 """
