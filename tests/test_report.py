@@ -23,7 +23,8 @@ OLD_NAMES = {"reproduction_checks", "reading_checks", "verdict_checks", "checks"
 
 def test_every_notebook_has_a_claims_module():
     assert MODULES == ["accumulation_beyond_flat", "accumulator_floor", "axis_choice", "long_range_needle",
-                       "needle_cliff", "plan", "real_decoder", "real_kv", "sizing", "vendor_table", "which_gpu"]
+                       "needle_cliff", "plan", "real_decoder", "real_kv", "sizing", "two_decoders", "vendor_table",
+                       "which_gpu"]
 
 
 @pytest.mark.parametrize("name", MODULES)

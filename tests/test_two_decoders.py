@@ -92,3 +92,17 @@ def test_committed_runs_side_by_side():
     with pytest.raises(ValueError, match="no results file"):
         two.load_results("gemma3-270m", "nothing.csv")
     assert two.load_results("gemma3-270m", "nothing.csv", required=False).empty
+
+
+def test_law_reading_says_when_a_decoder_cannot_predict():
+    smol = {"contexts": 2, "x_c": 90.5, "x_lo": 90.5, "x_hi": 128.0, "full_bits": 13, "n_fail": 741455.0,
+            "n_lo": 741455.0, "n_hi": 1048576.0}
+    none = {"contexts": 0, "x_c": math.inf, "x_lo": 0.5, "x_hi": math.inf, "full_bits": 13, "n_fail": math.inf,
+            "n_lo": 4096.0, "n_hi": math.inf}
+    both = claims.law_reading({"smollm2-135m": smol, "gemma3-270m": none})
+    assert both.agrees is False                       # SmolLM2's interval lies above 128k
+    assert "fails near 741,455 tokens [741,455, 1,048,576]" in both.computed and "no prediction" in both.computed
+    assert claims.law_reading({"gemma3-270m": none}).agrees is None
+    near = dict(smol, n_lo=100_000.0)
+    assert claims.law_reading({"smollm2-135m": near}).agrees is True
+    assert claims.law_reading({}) is None

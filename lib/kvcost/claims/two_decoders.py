@@ -8,7 +8,9 @@ finding that holds on one model only says so:
 - where FP4 with fine scales sits between q4_0 and fp8 (kvcost.claims.real_decoder.fp4_placement), on both;
 - whether a format's storage loss ranks the same on both (Spearman's ρ over the formats both ran);
 - the post's division of symptoms: the FP8 kernels' and the stored formats' passkey against exact attention on
-  the same trials, per decoder, "loss detected" or "no loss detected at n = …" with what loss was detectable.
+  the same trials, per decoder, "loss detected" or "no loss detected at n = …" with what loss was detectable;
+- the n·2^-b law per decoder: where a 13-bit register would lose the passkey, with its interval, or that the rows
+  cannot say.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from kvcost.claims.report import READING, Check, Verdict
 from kvcost.experiments import two_decoders as two
 from kvcost.models import decoders
 
-__all__ = ["printed", "readings", "errata", "verdict", "q8_0_reading", "ranking_reading", "retrieval_reading"]
+__all__ = ["printed", "readings", "errata", "verdict", "q8_0_reading", "ranking_reading", "retrieval_reading",
+           "law_reading"]
 
 
 def printed() -> list[Check]:
@@ -117,18 +120,48 @@ def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str) -> Check |
                  f"exact McNemar against exact attention on the same trials, Holm–Tarone per decoder; n ≥ {n_min}")
 
 
+def law_reading(laws: Mapping[str, dict], published_n: int = 131072) -> Check | None:
+    """The n·2^-b law on each decoder: where a 13-bit P·V register would lose the passkey, from each decoder's
+    narrowed-register rows (``laws``: decoder name → the summary kvcost.experiments.real_decoder.
+    collapse_bootstrap returns). Set against vLLM's published loss at ``published_n`` (128k, one model the post
+    does not name): does not hold where a decoder's interval lies above it, not shown where a decoder's rows
+    collapse at no width tried (its prediction is a lower bound only), holds where every interval holds it."""
+    if not laws:
+        return None
+    parts, verdicts = [], []
+    for model, d in laws.items():
+        if d["contexts"] == 0 or not math.isfinite(d["n_fail"]):
+            parts.append(f"{_title(model)}: no collapse at the register widths run, so no prediction "
+                         f"(the failure lies beyond what they reach)")
+            verdicts.append(None)
+            continue
+        parts.append(f"{_title(model)}: x_c = {d['x_c']:.0f} [{d['x_lo']:.0f}, {d['x_hi']:.0f}] over {d['contexts']} "
+                     f"context(s), a {d['full_bits']}-bit register fails near {d['n_fail']:,.0f} tokens "
+                     f"[{d['n_lo']:,.0f}, " + (f"{d['n_hi']:,.0f}]" if math.isfinite(d["n_hi"]) else "no upper bound]"))
+        verdicts.append(d["n_lo"] <= published_n <= d["n_hi"])
+    agrees = False if False in verdicts else None if None in verdicts else True
+    return Check(READING, "vLLM: FP8 attention's 13-bit register loses the needle at 128k, on these decoders",
+                 f"lost at {published_n:,}", "; ".join(parts), agrees,
+                 "collapse: the largest b whose passkey rate is at most half exact's; x_c = n·2^-b, 95% bootstrap "
+                 "over trials paired across variants; the published loss is on a model the post does not name")
+
+
 def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context: int,
-             against: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
-    """The readings on both decoders: :func:`q8_0_reading`, :func:`ranking_reading` and, with the passkey grids
-    against exact (``against``), :func:`retrieval_reading`."""
+             against: Mapping[str, pd.DataFrame] | None = None, laws: Mapping[str, dict] | None = None) -> list[Check]:
+    """The readings on both decoders: :func:`q8_0_reading`, :func:`ranking_reading`, with the passkey grids
+    against exact (``against``) :func:`retrieval_reading` for the kernels and for storage, and with each decoder's
+    collapse summary (``laws``) :func:`law_reading`."""
     out = [q8_0_reading(fmt_tables, context), ranking_reading(side)]
     if against:
         out += [retrieval_reading(against, "kernel"), retrieval_reading(against, "stored")]
+    if laws:
+        out.append(law_reading(laws))
     return [c for c in out if c is not None]
 
 
 def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.DataFrame], side: pd.DataFrame,
-            context: int, against: Mapping[str, pd.DataFrame] | None = None) -> Verdict:
+            context: int, against: Mapping[str, pd.DataFrame] | None = None,
+            laws: Mapping[str, dict] | None = None) -> Verdict:
     """Notebook 08b's verdict: :func:`readings`, then where FP4 sits on each decoder
     (kvcost.claims.real_decoder.fp4_placement, ``windows``: decoder name → its per-window rows) and the runs
     behind them. ``fmt_tables``: decoder name → the rows its engines store
@@ -142,5 +175,5 @@ def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.Dat
         f" tokens, {int(a['trials'].min())}–{int(a['trials'].max())} trials each"
         for m, a in against.items() if not a.empty) + "."
     extra = "\n\n".join([f for f in fp4 if f] + [f"Runs committed: {runs}.{grids}"])
-    return Verdict(printed=printed(), readings=readings(fmt_tables, side, context, against), errata=errata(),
+    return Verdict(printed=printed(), readings=readings(fmt_tables, side, context, against, laws), errata=errata(),
                    what="published numbers", extra=extra)
