@@ -45,7 +45,7 @@ EVERY_HEAD_KERNELS = ("FA4 FP8, offset 8, stale max 4 (PR #2109)", "FA3 FP8, no 
                       "FA3 FP8, PR #104 (every tile)")
 #: The same kernels on every query head of Gemma 3 270M's global layers (haystacks.QUERY_SOURCES "gemma3-heads"),
 #: one committed table per context run.
-GEMMA_HEAD_GRIDS = ("grid_heads_gemma.csv", "grid_heads_gemma_32k.csv")
+GEMMA_HEAD_GRIDS = ("grid_heads_gemma.csv", "grid_heads_gemma_32k.csv", "grid_heads_gemma_128k.csv")
 _BATCH_ELEMENTS = 1 << 25
 
 
