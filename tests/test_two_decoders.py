@@ -77,7 +77,8 @@ def test_retrieval_readings_report_each_effect_separately():
 
 
 def test_committed_runs_side_by_side():
-    windows = {"smollm2-135m": real.load_windows(), "gemma3-270m": real.load_windows("gemma3_270m/ppl_windows.csv")}
+    windows = {m: real.load_windows(two.windows_name(m)) for m in two.DECODERS}
+    assert two.windows_name("gemma3-270m") == "gemma3_270m/ppl_windows.csv"
     tables = {m: two.engine_rows(real.format_table(w), m) for m, w in windows.items()}
     side = two.storage_side_by_side(tables, 2048)
     r = two.rank_agreement(side)

@@ -32,8 +32,9 @@ from kvcost.models import decoders
 from kvcost.paths import data_path
 from kvcost.provenance import checked
 
-__all__ = ["DECODERS", "results_path", "load_results", "load_provenance", "run_command", "UNIT_GRID", "passkey_rows",
-           "storage_name", "engine_rows", "storage_side_by_side", "rank_agreement", "against_exact", "structure"]
+__all__ = ["DECODERS", "results_path", "windows_name", "load_results", "load_provenance", "run_command", "UNIT_GRID",
+           "passkey_rows", "storage_name", "engine_rows", "storage_side_by_side", "rank_agreement", "against_exact",
+           "structure"]
 
 #: The decoders compared, in the order they are shown (kvcost.models.decoders.DECODERS names).
 DECODERS = ("smollm2-135m", "gemma3-270m")
@@ -43,6 +44,13 @@ def results_path(model: str, name: str) -> Path:
     """Decoder ``model``'s committed results file ``name`` (in its :attr:`~kvcost.models.decoders.Decoder.data`
     folder)."""
     return data_path(*Path(decoders.decoder(model).data).parts, name)
+
+
+def windows_name(model: str, name: str = "ppl_windows.csv") -> str:
+    """Decoder ``model``'s per-window results file ``name`` as kvcost.experiments.real_decoder.load_windows names
+    it (relative to ``data/real_model``: ``ppl_windows.csv`` for SmolLM2, ``gemma3_270m/ppl_windows.csv`` for
+    Gemma), from the registry's results folder."""
+    return str((Path(decoders.decoder(model).data) / name).relative_to("real_model"))
 
 
 def load_results(model: str, name: str, required: bool = True) -> pd.DataFrame:
