@@ -62,12 +62,12 @@ def q8_0_reading(fmt_tables: Mapping[str, pd.DataFrame], context: int) -> Check 
                  f"'matches' read as within {one.MATCH_REL:.1%} of the fp16 perplexity, as notebook 08 reads it")
 
 
-def ranking_reading(side: pd.DataFrame, alpha: float = 0.05) -> Check | None:
+def ranking_reading(side: pd.DataFrame, alpha: float = 0.05, permutations: int = 20_000) -> Check | None:
     """A format's storage loss ranks the same on both decoders: Spearman's ρ of the two KL rankings
     (kvcost.experiments.two_decoders.rank_agreement), holding where the permutation p is below ``alpha``."""
     if side.empty:
         return None
-    r = two.rank_agreement(side)
+    r = two.rank_agreement(side, permutations=permutations)
     if not r["formats"] >= 3:
         return None
     wide = side.pivot(index="format", columns="model", values="rank")
@@ -147,11 +147,12 @@ def law_reading(laws: Mapping[str, dict], published_n: int = 131072) -> Check | 
 
 
 def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context: int,
-             against: Mapping[str, pd.DataFrame] | None = None, laws: Mapping[str, dict] | None = None) -> list[Check]:
+             against: Mapping[str, pd.DataFrame] | None = None, laws: Mapping[str, dict] | None = None,
+             alpha: float = 0.05, permutations: int = 20_000) -> list[Check]:
     """The readings on both decoders: :func:`q8_0_reading`, :func:`ranking_reading`, with the passkey grids
     against exact (``against``) :func:`retrieval_reading` for the kernels and for storage, and with each decoder's
     collapse summary (``laws``) :func:`law_reading`."""
-    out = [q8_0_reading(fmt_tables, context), ranking_reading(side)]
+    out = [q8_0_reading(fmt_tables, context), ranking_reading(side, alpha, permutations)]
     if against:
         out += [retrieval_reading(against, "kernel"), retrieval_reading(against, "stored")]
     if laws:
@@ -161,7 +162,7 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
 
 def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.DataFrame], side: pd.DataFrame,
             context: int, against: Mapping[str, pd.DataFrame] | None = None,
-            laws: Mapping[str, dict] | None = None) -> Verdict:
+            laws: Mapping[str, dict] | None = None, alpha: float = 0.05, permutations: int = 20_000) -> Verdict:
     """Notebook 08b's verdict: :func:`readings`, then where FP4 sits on each decoder
     (kvcost.claims.real_decoder.fp4_placement, ``windows``: decoder name → its per-window rows) and the runs
     behind them. ``fmt_tables``: decoder name → the rows its engines store
@@ -175,5 +176,5 @@ def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.Dat
         f" tokens, {int(a['trials'].min())}–{int(a['trials'].max())} trials each"
         for m, a in against.items() if not a.empty) + "."
     extra = "\n\n".join([f for f in fp4 if f] + [f"Runs committed: {runs}.{grids}"])
-    return Verdict(printed=printed(), readings=readings(fmt_tables, side, context, against, laws), errata=errata(),
-                   what="published numbers", extra=extra)
+    checks = readings(fmt_tables, side, context, against, laws, alpha, permutations)
+    return Verdict(printed=printed(), readings=checks, errata=errata(), what="published numbers", extra=extra)
