@@ -120,14 +120,16 @@ def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str) -> Check |
                  f"exact McNemar against exact attention on the same trials, Holm–Tarone per decoder; n ≥ {n_min}")
 
 
-def law_reading(laws: Mapping[str, dict], published_n: int = 131072) -> Check | None:
+def law_reading(laws: Mapping[str, dict], published_n: int | None = None) -> Check | None:
     """The n·2^-b law on each decoder: where a 13-bit P·V register would lose the passkey, from each decoder's
     narrowed-register rows (``laws``: decoder name → the summary kvcost.experiments.real_decoder.
-    collapse_bootstrap returns). Set against vLLM's published loss at ``published_n`` (128k, one model the post
-    does not name): does not hold where a decoder's interval lies above it, not shown where a decoder's rows
+    collapse_bootstrap returns). Set against vLLM's published loss at ``published_n`` (default: the context the
+    data file gives it, kvcost.claims.real_decoder.published_register_loss; one model the post does not name): does not hold where a decoder's interval lies above it, not shown where a decoder's rows
     collapse at no width tried (its prediction is a lower bound only), holds where every interval holds it."""
     if not laws:
         return None
+    if published_n is None:
+        published_n = one.published_register_loss()["context"]
     parts, verdicts = [], []
     for model, d in laws.items():
         if d["contexts"] == 0 or not math.isfinite(d["n_fail"]):
