@@ -16,7 +16,7 @@ import math
 import numbers
 
 __all__ = ["Z95", "wilson", "rate_text", "intervals_overlap", "mcnemar_exact", "mcnemar_min_p", "holm",
-           "clustered_rate", "clustered_rate_text"]
+           "paired_binary", "paired_losses", "detectable_loss", "clustered_rate", "clustered_rate_text"]
 
 Z95 = 1.959963984540054   # the standard normal's 97.5% quantile
 
@@ -107,6 +107,45 @@ def holm(pvalues: object, alpha: float = 0.05, min_pvalues: object = None) -> li
             break
         reject[left.pop(0)] = True
     return reject
+
+
+def paired_binary(mine: object, ref: object) -> dict:
+    """One variant's binary outcomes ``mine`` against a reference's ``ref`` on the same trials (equal-length
+    sequences of bools, trial by trial): ``trials``, ``successes`` with the Wilson 95% ``lo``/``hi``,
+    ``ref_successes``, the discordant trials (``lost``: the reference succeeded and the variant did not;
+    ``gained``: the reverse) and the exact McNemar ``p_value``."""
+    a = [bool(x) for x in mine]  # type: ignore[union-attr]
+    b = [bool(x) for x in ref]  # type: ignore[union-attr]
+    if len(a) != len(b):
+        raise ValueError(f"parameters 'mine' and 'ref' must pair trial by trial, got {len(a)} and {len(b)} outcomes")
+    lost = sum(r and not m for m, r in zip(a, b))
+    gained = sum(m and not r for m, r in zip(a, b))
+    k, n = sum(a), len(a)
+    lo, hi = wilson(k, n)
+    return {"trials": n, "successes": k, "lo": lo, "hi": hi, "ref_successes": sum(b), "lost": lost,
+            "gained": gained, "p_value": mcnemar_exact(lost, gained)}
+
+
+def paired_losses(lost: object, gained: object, alpha: float = 0.05) -> list[bool]:
+    """Which of a family of paired comparisons (:func:`paired_binary`'s ``lost``/``gained`` per row) lose to the
+    reference: rejected by Holm's correction at family-wise ``alpha`` with Tarone's refinement (rows with too few
+    discordant trials to ever be significant do not count, :func:`holm`), and more trials lost than gained."""
+    lo = [int(x) for x in lost]  # type: ignore[union-attr]
+    ga = [int(x) for x in gained]  # type: ignore[union-attr]
+    if len(lo) != len(ga):
+        raise ValueError(f"parameters 'lost' and 'gained' must have one count per row, got {len(lo)} and {len(ga)}")
+    reject = holm([mcnemar_exact(a, b) for a, b in zip(lo, ga)], alpha,
+                  min_pvalues=[mcnemar_min_p(a + b) for a, b in zip(lo, ga)])
+    return [bool(r) and a > b for r, a, b in zip(reject, lo, ga)]
+
+
+def detectable_loss(ref_successes: int, discordant: object, alpha: float = 0.05) -> int | None:
+    """The fewest trials lost (none gained) that :func:`paired_losses` would reject as the first of a family whose
+    rows have ``discordant`` trials each (the family Holm's first step divides ``alpha`` by: the rows that could
+    reach significance, Tarone, once the loss is seen in one of them), on a row whose reference succeeded
+    ``ref_successes`` times; None when no loss that size could be (what "no loss detected" could have seen)."""
+    m = max(1, sum(mcnemar_min_p(int(d)) < alpha for d in discordant))  # type: ignore[union-attr]
+    return next((d for d in range(1, int(ref_successes) + 1) if mcnemar_exact(d, 0) < alpha / m), None)
 
 
 def _wilson_real(k: float, n: float, z: float) -> tuple[float, float]:

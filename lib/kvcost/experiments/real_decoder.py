@@ -325,26 +325,22 @@ def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials
         paired = [k in exact.index for k in key]
         if sum(paired) < min_trials:
             continue
-        mine = g["success"].to_numpy()[paired].astype(bool)
-        ref = exact.loc[[k for k, ok in zip(key, paired) if ok]].to_numpy().astype(bool)
-        lost, gained = int((ref & ~mine).sum()), int((mine & ~ref).sum())
+        ref = exact.loc[[k for k, ok in zip(key, paired) if ok]].to_numpy()
+        one = stats.paired_binary(g["success"].to_numpy()[paired], ref)
         fmt = decoders.stored_format(v)
-        k, n = int(mine.sum()), len(mine)
-        lo, hi = stats.wilson(k, n)
+        k, n = one["successes"], one["trials"]
         measured = fmt_table[fmt_table["format"] == fmt].sort_values("context")
         near = measured.iloc[(measured["context"] - c).abs().argsort(kind="stable")].iloc[0] if len(measured) else None
-        rows.append({"context": int(c), "format": fmt, "trials": n, "successes": k, "rate": k / n, "lo": lo,
-                     "hi": hi, "exact_successes": int(ref.sum()), "lost": lost, "gained": gained,
-                     "p_value": stats.mcnemar_exact(lost, gained), "loses_needle": False,
+        rows.append({"context": int(c), "format": fmt, "trials": n, "successes": k, "rate": k / n, "lo": one["lo"],
+                     "hi": one["hi"], "exact_successes": one["ref_successes"], "lost": one["lost"],
+                     "gained": one["gained"], "p_value": one["p_value"], "loses_needle": False,
                      "text": stats.rate_text(k, n),
                      "kl": float(near["kl"]) if near is not None else math.nan,
                      "dppl": float(near["dppl"]) if near is not None else math.nan,
                      "kl_context": int(near["context"]) if near is not None else None})
     out = pd.DataFrame(rows, columns=cols)
     if len(out):
-        reject = stats.holm(out["p_value"], alpha,
-                            min_pvalues=[stats.mcnemar_min_p(n) for n in out["lost"] + out["gained"]])
-        out["loses_needle"] = [r and lo > ga for r, lo, ga in zip(reject, out["lost"], out["gained"])]
+        out["loses_needle"] = stats.paired_losses(out["lost"], out["gained"], alpha)
     return out.sort_values(["context", "kl", "format"], ignore_index=True)
 
 

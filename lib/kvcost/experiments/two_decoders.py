@@ -193,25 +193,15 @@ def against_exact(rows: pd.DataFrame, context: int | None = None, alpha: float =
         g = g[[(c, t) in exact.index for t in g["trial"]]]
         if len(g) < min_trials:
             continue
-        mine = g["success"].to_numpy().astype(bool)
-        ref = exact.loc[[(c, t) for t in g["trial"]]].to_numpy().astype(bool)
-        lost, gained = int((ref & ~mine).sum()), int((mine & ~ref).sum())
-        k, n = int(mine.sum()), len(mine)
-        lo, hi = stats.wilson(k, n)
-        out.append({"context": int(c), "variant": v, "trials": n, "successes": k, "lo": lo, "hi": hi,
-                    "exact_successes": int(ref.sum()), "lost": lost, "gained": gained,
-                    "p_value": stats.mcnemar_exact(lost, gained)})
+        ref = exact.loc[[(c, t) for t in g["trial"]]].to_numpy()
+        one = stats.paired_binary(g["success"].to_numpy(), ref)
+        out.append({"context": int(c), "variant": v} | one | {"exact_successes": one["ref_successes"]})
     t = pd.DataFrame(out, columns=cols[:10])
     if t.empty:
         return pd.DataFrame(columns=cols)
-    discordant = t["lost"] + t["gained"]
-    reject = stats.holm(t["p_value"], alpha, min_pvalues=[stats.mcnemar_min_p(d) for d in discordant])
-    t["loses_needle"] = [bool(r) and lo > ga for r, lo, ga in zip(reject, t["lost"], t["gained"])]
-    # the family Holm's first step divides alpha by: the rows that could reach significance (Tarone) once a loss
-    # of d trials is seen in one of them
-    m = max(1, int(sum(stats.mcnemar_min_p(d) < alpha for d in discordant)))
-    t["detectable"] = [next((d for d in range(1, int(e) + 1) if stats.mcnemar_exact(d, 0) < alpha / m), None)
-                       for e in t["exact_successes"]]
+    t["loses_needle"] = stats.paired_losses(t["lost"], t["gained"], alpha)
+    discordant = (t["lost"] + t["gained"]).tolist()
+    t["detectable"] = [stats.detectable_loss(e, discordant, alpha) for e in t["exact_successes"]]
     t["verdict"] = [("loss detected" if r.loses_needle else
                      f"no loss detected at n = {r.trials}" + (f" (a loss of {r.detectable} trials would have been "
                                                               "detected)" if r.detectable else

@@ -1,0 +1,35 @@
+"""stats.paired_binary / paired_losses / detectable_loss: paired passkey comparisons held to cases worked by hand."""
+import pytest
+
+from kvcost import stats
+
+
+def test_paired_binary_counts_the_discordant_trials():
+    ref = [1, 1, 1, 1, 0, 0, 1, 1]
+    mine = [1, 0, 0, 1, 1, 0, 1, 0]
+    one = stats.paired_binary(mine, ref)
+    assert (one["trials"], one["successes"], one["ref_successes"], one["lost"], one["gained"]) == (8, 4, 6, 3, 1)
+    assert one["p_value"] == pytest.approx(2 * (1 + 4) / 16)          # 2·P(X <= 1), X ~ Bin(4, 1/2)
+    assert (one["lo"], one["hi"]) == stats.wilson(4, 8)
+    with pytest.raises(ValueError, match="'mine' and 'ref'"):
+        stats.paired_binary([1, 0], [1])
+
+
+def test_paired_losses_need_significance_and_direction():
+    # 7 lost of 7 discordant: p = 2·2^-7 = 0.0156 < 0.05 alone; 7 gained is rejected but is no loss;
+    # 1 lost can never reach significance (Tarone: it does not enlarge the family)
+    assert stats.paired_losses([7], [0]) == [True]
+    assert stats.paired_losses([0], [7]) == [False]
+    assert stats.paired_losses([7, 1], [0, 0]) == [True, False]
+    # two rows that could both reach 0.05: 7/0 (p 0.0156) needs p <= 0.025 and passes; 6/0 (p 0.031) then needs 0.05
+    assert stats.paired_losses([7, 6], [0, 0]) == [True, True]
+    # 5/0 (p 0.0625) is never significant, so the 6/0 row beside it stands alone
+    assert stats.paired_losses([6, 5], [0, 0]) == [True, False]
+    with pytest.raises(ValueError, match="'lost' and 'gained'"):
+        stats.paired_losses([1, 2], [0])
+
+
+def test_detectable_loss_grows_with_the_family():
+    assert stats.detectable_loss(20, [0] * 12) == 6            # 2·2^-6 = 0.031 < 0.05
+    assert stats.detectable_loss(20, [9] * 12) == 9            # 12 rows that could: 2·2^-9 < 0.05/12 < 2·2^-8
+    assert stats.detectable_loss(5, [0]) is None               # the reference retrieved 5: no loss of 6 exists
