@@ -107,3 +107,29 @@ def test_law_reading_says_when_a_decoder_cannot_predict():
     near = dict(smol, n_lo=100_000.0)
     assert claims.law_reading({"smollm2-135m": near}).agrees is True
     assert claims.law_reading({}) is None
+
+
+def test_effects_reading_knows_which_effect_loses_the_passkey():
+    from kvcost.experiments import real_decoder_passkey as pk
+
+    # decoder A: the haystack at half weight loses the answer, the needle at half weight does not (SmolLM2's
+    # pattern); decoder B the reverse. The needle removed loses it on both: the measure means retrieval.
+    a = pk.propagation_table(_grid({"exact": [1] * 20, "split:haystack=0.5": [0] * 18 + [1] * 2,
+                                    "split:needle=0.5": [1] * 20, "split:needle=0": [0] * 20}))
+    b = pk.propagation_table(_grid({"exact": [1] * 20, "split:haystack=0.5": [1] * 20,
+                                    "split:needle=0.5": [0] * 20, "split:needle=0": [0] * 20}))
+    only_a = claims.effects_reading({"smollm2-135m": a})
+    assert only_a.agrees is True and "the haystack at ×0.5 2/20 (−18 +0" in only_a.computed
+    both = claims.effects_reading({"smollm2-135m": a, "gemma3-270m": b})
+    assert both.agrees is False and "Gemma 3 270M at 4,096 tokens (exact 20/20)" in both.computed
+    assert "the needle at ×0.5 0/20 (−20 +0, p 1.9e-06, answer changed)" in both.computed
+    # a needle removed that is still retrieved: the split does not measure retrieval, so nothing is shown
+    c = pk.propagation_table(_grid({"exact": [1] * 20, "split:haystack=0.5": [0] * 20, "split:needle=0.5": [1] * 20,
+                                    "split:needle=0": [1] * 20}))
+    assert claims.effects_reading({"smollm2-135m": c}).agrees is None
+    assert claims.effects_reading({"smollm2-135m": a.iloc[0:0]}) is None
+
+
+def test_propagation_rows_pair_with_exact():
+    smol = two.propagation_rows("smollm2-135m")
+    assert (smol["variant"] == "exact").sum() == 20 and smol["context"].unique().tolist() == [1024]

@@ -25,7 +25,7 @@ from kvcost.experiments import two_decoders as two
 from kvcost.models import decoders
 
 __all__ = ["printed", "readings", "errata", "verdict", "q8_0_reading", "ranking_reading", "retrieval_reading",
-           "law_reading"]
+           "effects_reading", "law_reading"]
 
 
 def printed() -> list[Check]:
@@ -89,6 +89,13 @@ def _judged(t: pd.DataFrame, kind: str) -> pd.DataFrame:
     return t[~stored & ~t["variant"].str.contains("frac_bits")]
 
 
+def _cells(rows: pd.DataFrame) -> list[str]:
+    """Variant names, each with its context where the rows span more than one."""
+    if rows["context"].nunique() < 2:
+        return list(rows["variant"])
+    return [f"{v} at {int(c):,}" for v, c in zip(rows["variant"], rows["context"])]
+
+
 def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str) -> Check | None:
     """The post's division of symptoms on each decoder, one effect at a time: "the needle stops being attended
     to" is accumulation's (``kind="kernel"``: the FP8 kernels at full register width; the narrowed registers,
@@ -106,7 +113,7 @@ def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str) -> Check |
         ctx = ", ".join(f"{c:,}" for c in sorted(judged["context"].unique()))
         detect = judged["detectable"].dropna()
         parts.append(f"{_title(model)} at {ctx} tokens: "
-                     + (f"loss detected for {', '.join(lost['variant'])} (of {len(judged)})" if len(lost) else
+                     + (f"loss detected for {', '.join(_cells(lost))} (of {len(judged)})" if len(lost) else
                         f"no loss detected for {len(judged)} variants at n = {int(judged['trials'].min())}"
                         + (f" (a loss of {int(detect.max())} trials would have been detected)" if len(detect) else "")))
         lost_any.append(len(lost) > 0)
@@ -118,6 +125,53 @@ def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str) -> Check |
     return Check(READING, claim, "not lost" if kind == "kernel" else "drift, not a lost needle", "; ".join(parts),
                  not any(lost_any),
                  f"exact McNemar against exact attention on the same trials, Holm–Tarone per decoder; n ≥ {n_min}")
+
+
+def _split_row(t: pd.DataFrame, haystack: float, needle: float) -> pd.Series | None:
+    """The every-layer row of a propagation table with these gains, None when it was not run."""
+    r = t[(t["layer"] == "every") & (t["haystack"] == haystack) & (t["needle"] == needle)]
+    return r.iloc[0] if len(r) else None
+
+
+def _split_text(r: pd.Series) -> str:
+    return (f"{int(r['successes'])}/{int(r['trials'])} (−{int(r['lost'])} +{int(r['gained'])}, "
+            f"p {r['p_value']:.2g}{', answer changed' if r['changes_answer'] else ''})")
+
+
+def effects_reading(effects: Mapping[str, pd.DataFrame], gain: float = 0.5, alpha: float = 0.05) -> Check | None:
+    """Which of the FP8 kernel's two effects loses the passkey on each decoder, one at a time: the haystack's part
+    of attention scaled by ``gain`` at every layer with the needle's kept (what a narrow P·V register does,
+    notebook 06: the haystack shrinks, the needle is carried), and the needle's part scaled by ``gain`` with the
+    haystack's kept. ``effects``: decoder name → kvcost.experiments.real_decoder_passkey.propagation_table (at
+    ``alpha``) on its split grid (kvcost.experiments.two_decoders.propagation_rows). The needle removed (``split:needle=0``), the case
+    whose answer is known, must lose it, or the measure does not mean retrieval and the reading is not shown.
+    Holds where haystack shrinkage changes the answer on every decoder: only then can a narrowed register stand in
+    for a longer context (the n·2^-b law) there."""
+    parts, holds, valid = [], [], True
+    for model, t in effects.items():
+        if t.empty:
+            continue
+        hay, ndl, gone = _split_row(t, gain, 1.0), _split_row(t, 1.0, gain), _split_row(t, 1.0, 0.0)
+        if hay is None or ndl is None:
+            continue
+        if gone is not None and gone["successes"] > 0:
+            valid = False
+        parts.append(f"{_title(model)} at {int(hay['context']):,} tokens (exact {int(hay['exact_successes'])}/"
+                     f"{int(hay['trials'])}): the haystack at ×{gain:g} {_split_text(hay)}, "
+                     f"the needle at ×{gain:g} {_split_text(ndl)}"
+                     + (f", the needle removed {int(gone['successes'])}/{int(gone['trials'])}" if gone is not None
+                        else ""))
+        holds.append(bool(hay["changes_answer"]))
+    if not parts:
+        return None
+    agrees = (all(holds) if valid else None)
+    return Check(READING, "A narrow P·V register's effect — the haystack shrunk, the needle carried (notebook 06) — "
+                          "loses the passkey on each decoder, so a narrowed register stands in for a longer context",
+                 "the post: accumulation loses the needle", "; ".join(parts), agrees,
+                 f"exact attention split at the needle sentence at every layer for the question and answer rows, "
+                 f"one part scaled by {gain:g}; exact McNemar against exact on the same trials, each row at "
+                 f"p < {alpha:g} alone (two rows per decoder); where shrinking the haystack does not change the "
+                 "answer, no narrowed register predicts a longer context's failure on that decoder")
 
 
 def law_reading(laws: Mapping[str, dict], published_n: int | None = None) -> Check | None:
@@ -151,13 +205,17 @@ def law_reading(laws: Mapping[str, dict], published_n: int | None = None) -> Che
 
 def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context: int,
              against: Mapping[str, pd.DataFrame] | None = None, laws: Mapping[str, dict] | None = None,
-             alpha: float = 0.05, permutations: int = 20_000) -> list[Check]:
+             alpha: float = 0.05, permutations: int = 20_000,
+             effects: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
     """The readings on both decoders: :func:`q8_0_reading`, :func:`ranking_reading`, with the passkey grids
-    against exact (``against``) :func:`retrieval_reading` for the kernels and for storage, and with each decoder's
-    collapse summary (``laws``) :func:`law_reading`."""
+    against exact (``against``) :func:`retrieval_reading` for the kernels and for storage, with each decoder's split
+    grid (``effects``) :func:`effects_reading`, and with each decoder's collapse summary (``laws``)
+    :func:`law_reading`."""
     out = [q8_0_reading(fmt_tables, context), ranking_reading(side, alpha, permutations)]
     if against:
         out += [retrieval_reading(against, "kernel"), retrieval_reading(against, "stored")]
+    if effects:
+        out.append(effects_reading(effects, alpha=alpha))
     if laws:
         out.append(law_reading(laws))
     return [c for c in out if c is not None]
@@ -165,7 +223,8 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
 
 def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.DataFrame], side: pd.DataFrame,
             context: int, against: Mapping[str, pd.DataFrame] | None = None,
-            laws: Mapping[str, dict] | None = None, alpha: float = 0.05, permutations: int = 20_000) -> Verdict:
+            laws: Mapping[str, dict] | None = None, alpha: float = 0.05, permutations: int = 20_000,
+            effects: Mapping[str, pd.DataFrame] | None = None) -> Verdict:
     """Notebook 08b's verdict: :func:`readings`, then where FP4 sits on each decoder
     (kvcost.claims.real_decoder.fp4_placement, ``windows``: decoder name → its per-window rows) and the runs
     behind them. ``fmt_tables``: decoder name → the rows its engines store
@@ -179,5 +238,5 @@ def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.Dat
         f" tokens, {int(a['trials'].min())}–{int(a['trials'].max())} trials each"
         for m, a in against.items() if not a.empty) + "."
     extra = "\n\n".join([f for f in fp4 if f] + [f"Runs committed: {runs}.{grids}"])
-    checks = readings(fmt_tables, side, context, against, laws, alpha, permutations)
+    checks = readings(fmt_tables, side, context, against, laws, alpha, permutations, effects)
     return Verdict(printed=printed(), readings=checks, errata=errata(), what="published numbers", extra=extra)

@@ -34,7 +34,7 @@ from kvcost.provenance import checked
 
 __all__ = ["DECODERS", "results_path", "windows_name", "load_results", "load_provenance", "run_command", "UNIT_GRID",
            "passkey_rows", "storage_name", "engine_rows", "storage_side_by_side", "rank_agreement", "against_exact",
-           "structure"]
+           "PROPAGATION", "propagation_rows", "structure"]
 
 #: The decoders compared, in the order they are shown (kvcost.models.decoders.DECODERS names).
 DECODERS = ("smollm2-135m", "gemma3-270m")
@@ -98,6 +98,25 @@ def passkey_rows(model: str) -> pd.DataFrame:
     keep = rows[~rows["variant"].str.startswith("fa3")]
     unit = unit[unit["variant"].str.startswith("fa3")]
     return pd.concat([keep, unit], ignore_index=True)
+
+
+#: Each decoder's split-attention grid (the haystack's and the needle's parts of attention scaled apart,
+#: kvcost.experiments.real_decoder_passkey.split_attention), in its results folder.
+PROPAGATION = "propagation.csv"
+
+
+def propagation_rows(model: str) -> pd.DataFrame:
+    """Decoder ``model``'s committed split-attention rows (:data:`PROPAGATION`) with exact attention's rows on the
+    same trials: the file's own where it has them, else its passkey grid's at the same contexts (the same prompts:
+    the seed is 1000·context + trial). Empty when the decoder has no such grid."""
+    rows = load_results(model, PROPAGATION, required=False)
+    if rows.empty or (rows["variant"] == "exact").any():
+        return rows
+    pk = load_results(model, "passkey.csv", required=False)
+    if pk.empty:
+        return rows
+    exact = pk[(pk["variant"] == "exact") & pk["context"].isin(rows["context"].unique())]
+    return pd.concat([exact, rows], ignore_index=True)
 
 
 def storage_name(fmt: str) -> str:
