@@ -133,3 +133,22 @@ def test_effects_reading_knows_which_effect_loses_the_passkey():
 def test_propagation_rows_pair_with_exact():
     smol = two.propagation_rows("smollm2-135m")
     assert (smol["variant"] == "exact").sum() == 20 and smol["context"].unique().tolist() == [1024]
+
+
+def test_k_axis_reading_on_both_extracts():
+    from kvcost.models import decoders
+
+    assert decoders.decoder("gemma3-270m").extract_file() == "gemma3_270m_kv.npz"
+    assert decoders.decoder("smollm2-135m").extract_file(heads=True) == "smollm2_heads.npz"
+    axes = two.axis_by_decoder((8, 4, 2)).set_index(["model", "cache", "bits"])
+    gemma = axes.loc[("Gemma 3 270M", "K", 4)]
+    assert (gemma["heads"], gemma["layers"], gemma["per_channel_wins"]) == (4, 4, 4)
+    assert 0.5 < gemma["ratio"] < 0.6 and gemma["lo"] == pytest.approx(0.51, abs=0.01)
+    assert axes.loc[("SmolLM2-135M-Instruct", "V", 2), "per_channel_wins"] == 0   # V per token, as the post says
+    c = claims.k_axis_reading(axes.reset_index())
+    assert c.agrees is True and c.published == "K: per-channel at 8 and 4 bits"
+    assert "Gemma 3 270M (4 layers of its extract): 8-bit: per-channel in 4/4 heads" in c.computed
+    # the same heads read the other way round (per-token better everywhere): does not hold
+    flipped = axes.reset_index().assign(per_channel_wins=0, share=0.0, lo=0.0, hi=0.3)
+    assert claims.k_axis_reading(flipped).agrees is False
+    assert claims.k_axis_reading(axes.reset_index().iloc[0:0]) is None

@@ -21,11 +21,13 @@ import pandas as pd
 
 from kvcost.claims import real_decoder as one
 from kvcost.claims.report import READING, Check, Verdict
+from kvcost.experiments import real_decoder as tables
 from kvcost.experiments import two_decoders as two
+from kvcost.inputs import post
 from kvcost.models import decoders
 
 __all__ = ["printed", "readings", "errata", "verdict", "q8_0_reading", "ranking_reading", "retrieval_reading",
-           "effects_reading", "law_reading"]
+           "effects_reading", "law_reading", "k_axis_reading"]
 
 
 def printed() -> list[Check]:
@@ -143,8 +145,9 @@ def effects_reading(effects: Mapping[str, pd.DataFrame], gain: float = 0.5, alph
     of attention scaled by ``gain`` at every layer with the needle's kept (what a narrow P·V register does,
     notebook 06: the haystack shrinks, the needle is carried), and the needle's part scaled by ``gain`` with the
     haystack's kept. ``effects``: decoder name → kvcost.experiments.real_decoder_passkey.propagation_table (at
-    ``alpha``) on its split grid (kvcost.experiments.two_decoders.propagation_rows). The needle removed (``split:needle=0``), the case
-    whose answer is known, must lose it, or the measure does not mean retrieval and the reading is not shown.
+    ``alpha``) on its split grid (kvcost.experiments.two_decoders.propagation_rows). The needle removed
+    (``split:needle=0``), the case whose answer is known, must lose it, or the measure does not mean retrieval and
+    the reading is not shown.
     Holds where haystack shrinkage changes the answer on every decoder: only then can a narrowed register stand in
     for a longer context (the n·2^-b law) there."""
     parts, holds, valid = [], [], True
@@ -172,6 +175,47 @@ def effects_reading(effects: Mapping[str, pd.DataFrame], gain: float = 0.5, alph
                  f"one part scaled by {gain:g}; exact McNemar against exact on the same trials, each row at "
                  f"p < {alpha:g} alone (two rows per decoder); where shrinking the haystack does not change the "
                  "answer, no narrowed register predicts a longer context's failure on that decoder")
+
+
+def k_axis_reading(axes: pd.DataFrame, windows: Mapping[str, pd.DataFrame] | None = None,
+                   context: int = 2048) -> Check | None:
+    """The post's "scale K per channel" on both decoders, one of them with QK-norm (Gemma): at each width where
+    the post's axis table gives K to per-channel, the share of heads whose per-channel error is the smaller
+    (``axes``: kvcost.experiments.two_decoders.axis_by_decoder, intervals clustered by layer), and where a decoder's
+    per-window rows (``windows``) hold ``int{b}_channel/int{b}_token`` and ``int{b}_token`` at ``context``, what it
+    does end to end: K per channel (V per token either way) as a KL ratio on the same windows
+    (kvcost.experiments.real_decoder.paired_ratio). Holds where every interval is on per-channel's side (share above
+    one half, KL ratio below 1), does not where one is on the other side, not shown otherwise."""
+    printed = post.axis_table()
+    widths = sorted((int(r.bits) for r in printed.itertuples() if r.cache == "K" and r.winner == "per-channel"),
+                    reverse=True)
+    k = axes[(axes["cache"] == "K") & axes["bits"].isin(widths)]
+    if k.empty:
+        return None
+    parts, sides = [], []
+    titles = {_title(m): m for m in two.DECODERS}
+    for model, g in k.groupby("model", sort=False):
+        cells = []
+        for r in g.sort_values("bits", ascending=False).itertuples():
+            cells.append(f"{r.bits}-bit: per-channel in {r.per_channel_wins}/{r.heads} heads [{r.lo:.0%}, {r.hi:.0%}],"
+                         f" error ×{r.ratio:.2f} ({r.ratio_min:.2f}–{r.ratio_max:.2f})")
+            sides.append(True if r.lo > 0.5 else False if r.hi < 0.5 else None)
+        w = (windows or {}).get(titles.get(model, model))
+        for b in widths:
+            ratio = None if w is None else tables.paired_ratio(w, context, f"int{b}_channel/int{b}_token",
+                                                                f"int{b}_token")
+            if ratio is not None:
+                cells.append(f"end to end at {context:,} tokens, K per channel's KL ×{ratio['ratio']:.2f} "
+                             f"[{ratio['lo']:.2f}, {ratio['hi']:.2f}] of per token's at {b} bits "
+                             f"({ratio['windows']} windows)")
+                sides.append(True if ratio["hi"] < 1 else False if ratio["lo"] > 1 else None)
+        layers = int(g["layers"].iloc[0])
+        parts.append(f"{model} ({layers} layers of its extract): " + "; ".join(cells))
+    agrees = False if False in sides else None if None in sides else True
+    return Check(READING, "Scale K per channel (the post's axis table), on a model with QK-norm too",
+                 "K: per-channel at " + " and ".join(f"{b}" for b in widths) + " bits", "; ".join(parts), agrees,
+                 "absmax int-b with one scale per token or per channel over the extract's tokens (the post's "
+                 "quantizer), relative L2 per head; K after RoPE, as the cache stores it; Gemma's K is QK-normed")
 
 
 def law_reading(laws: Mapping[str, dict], published_n: int | None = None) -> Check | None:

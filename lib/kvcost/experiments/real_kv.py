@@ -9,36 +9,10 @@ import pandas as pd
 from kvcost.inputs import post
 from kvcost.inputs.extracts import as4d
 from kvcost.numerics.attention import rel_l2
-from kvcost.numerics.axis import axis_table
+from kvcost.numerics.axis import axis_by_head, axis_table
 from kvcost.storage.quant import intk_roundtrip
 
 __all__ = ["axis_by_head", "axis_summary", "grouped_axis_table"]
-
-
-def axis_by_head(k: np.ndarray, v: np.ndarray, bits_list: Sequence[int]) -> pd.DataFrame:
-    """The post's axis test per layer and head, with the post's quantizer.
-
-    For each cache, width and head: relative L2 error of the symmetric absmax int-k round trip
-    with one scale per token (over the head's channels) and one per channel (over all the
-    tokens given). Columns ``cache, bits, layer, head, per_token, per_channel, winner`` with
-    the post's tie rule (``per-token`` only when strictly smaller).
-    """
-    rows = []
-    for name, cache in (("K", as4d("k", k)), ("V", as4d("v", v))):
-        ref = np.sqrt(np.sum(cache * cache, axis=(-2, -1)))
-        ref = np.where(ref == 0, 1.0, ref)
-        for b in bits_list:
-            err = {}
-            for axis in ("token", "channel"):
-                d = intk_roundtrip(cache, b, axis) - cache
-                err[axis] = np.sqrt(np.sum(d * d, axis=(-2, -1))) / ref
-            for layer in range(cache.shape[0]):
-                for head in range(cache.shape[1]):
-                    pt, pc = float(err["token"][layer, head]), float(err["channel"][layer, head])
-                    rows.append({"cache": name, "bits": int(b), "layer": layer, "head": head,
-                                 "per_token": pt, "per_channel": pc,
-                                 "winner": "per-token" if pt < pc else "per-channel"})
-    return pd.DataFrame(rows, columns=["cache", "bits", "layer", "head", "per_token", "per_channel", "winner"])
 
 
 def axis_summary(k: np.ndarray, v: np.ndarray, by_head: pd.DataFrame) -> pd.DataFrame:

@@ -29,12 +29,13 @@ import pandas as pd
 
 from kvcost import stats
 from kvcost.models import decoders
+from kvcost.numerics import axis
 from kvcost.paths import data_path
 from kvcost.provenance import checked
 
 __all__ = ["DECODERS", "results_path", "windows_name", "load_results", "load_provenance", "run_command", "UNIT_GRID",
            "passkey_rows", "storage_name", "engine_rows", "storage_side_by_side", "rank_agreement", "against_exact",
-           "PROPAGATION", "propagation_rows", "structure"]
+           "PROPAGATION", "propagation_rows", "structure", "load_extract", "axis_by_decoder"]
 
 #: The decoders compared, in the order they are shown (kvcost.models.decoders.DECODERS names).
 DECODERS = ("smollm2-135m", "gemma3-270m")
@@ -244,4 +245,38 @@ def structure(heads: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
                          if "k_norm_max_channel_ratio" in g else math.nan,
                          "k_post": float(g["k_post_max_channel_ratio"].median()),
                          "v_token": float(g["v_max_token_ratio"].median())})
+    return pd.DataFrame(rows)
+
+
+def load_extract(model: str) -> dict:
+    """Decoder ``model``'s committed K/V extract (``Decoder.extract_file``, its sha256 checked): ``k`` (after RoPE,
+    what the cache stores) and ``v`` as float64 (layers, kv_heads, tokens, head_dim), and ``layers``, the decoder's
+    layer index of each (the file's ``meta``; 0, 1, … where it does not say)."""
+    path = results_path(model, decoders.decoder(model).extract_file())
+    with np.load(checked(path)) as z:
+        k, v = z["k"].astype(np.float64), z["v"].astype(np.float64)
+        meta = json.loads(str(z["meta"])) if "meta" in z.files else {}
+    return {"k": k, "v": v, "layers": list(meta.get("layers", range(k.shape[0])))}
+
+
+def axis_by_decoder(bits: tuple[int, ...] = (8, 4, 2)) -> pd.DataFrame:
+    """The post's axis test (one absmax int-b scale per token or per channel, relative L2 error;
+    kvcost.numerics.axis.axis_by_head) on each decoder's extract, per (model, cache, bits): ``heads`` and
+    ``layers`` tested, ``per_channel_wins`` (heads where per-channel's error is the smaller), their ``share``
+    with ``lo``/``hi``, a 95% interval clustered by layer (kvcost.stats.clustered_rate: a layer's heads share
+    its input), and the median, smallest and largest per-head error ratio per-channel / per-token (below 1:
+    per-channel better)."""
+    rows = []
+    for model in DECODERS:
+        ex = load_extract(model)
+        t = axis.axis_by_head(ex["k"], ex["v"], list(bits))
+        for (cache, b), g in t.groupby(["cache", "bits"], sort=False):
+            wins = g.assign(w=g["winner"] == "per-channel").groupby("layer")["w"].agg(["sum", "size"])
+            _p, lo, hi, _n = stats.clustered_rate(wins["sum"].tolist(), wins["size"].tolist())
+            ratio = g["per_channel"] / g["per_token"]
+            rows.append({"model": decoders.decoder(model).title, "cache": cache, "bits": int(b), "heads": len(g),
+                         "layers": len(wins), "per_channel_wins": int(wins["sum"].sum()),
+                         "share": float(wins["sum"].sum() / len(g)), "lo": lo, "hi": hi,
+                         "ratio": float(ratio.median()), "ratio_min": float(ratio.min()),
+                         "ratio_max": float(ratio.max())})
     return pd.DataFrame(rows)

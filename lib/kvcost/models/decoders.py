@@ -187,7 +187,8 @@ class Decoder:
     ``max_positions``: the context it was trained to; ``bos_first``: a text window starts with the BOS token
     in place of its first token (llama.cpp's perplexity tool does so where the GGUF says ``add_bos_token``:
     Gemma's does, SmolLM2's does not); ``terms``: the terms its weights come under; ``data``: the folder under
-    ``data/`` its committed results are in."""
+    ``data/`` its committed results are in; ``stem``: the start of its extracts' file names there
+    (:attr:`extract_file`)."""
 
     name: str
     title: str
@@ -202,6 +203,12 @@ class Decoder:
     bos_first: bool = False
     terms: str = ""
     data: str = "real_model"
+    stem: str = "smollm2"
+
+    def extract_file(self, heads: bool = False) -> str:
+        """The file name of its K/V extract in :attr:`data` (kvcost.runs.real_model_extract): ``<stem>_kv.npz``, or
+        ``<stem>_heads.npz`` for the every-head extract (``heads``)."""
+        return f"{self.stem}_{'heads' if heads else 'kv'}.npz"
 
     @property
     def dists(self) -> tuple[str, ...]:
@@ -220,7 +227,7 @@ DECODERS: dict[str, Decoder] = {d.name: d for d in (
             parts=_GEMMA_PARTS, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             k_permuted=False, sliding_window=512, max_positions=32768, bos_first=True,
             terms="Gemma Terms of Use (https://ai.google.dev/gemma/terms), shipped in the wheel as GEMMA_TERMS.html",
-            data="real_model/gemma3_270m"),
+            data="real_model/gemma3_270m", stem="gemma3_270m"),
 )}
 #: The decoder the committed SmolLM2 runs used, and every function's default.
 DEFAULT_DECODER = "smollm2-135m"

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dec = decoders.decoder(args.model)
     smol = dec.name == decoders.DEFAULT_DECODER
-    stem = ("smollm2" if smol else dec.name.replace("-", "_")) + ("_heads" if args.heads else "_kv")
+    stem = Path(dec.extract_file(args.heads)).stem
 
     import pandas as pd
     import torch
