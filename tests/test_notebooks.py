@@ -83,6 +83,7 @@ BAD = [
     ("10_which_gpu", {"heads": 1}, "'heads'"),
     ("08b_two_decoders", {"alpha": 0.0}, "'alpha'"),
     ("08b_two_decoders", {"permutations": 10}, "'permutations'"),
+    ("08b_two_decoders", {"passkey_contexts": [100]}, "'passkey_contexts'"),
 ]
 
 
@@ -95,7 +96,7 @@ def test_bad_parameter_is_refused_by_the_schema(stem, params, name):
 # One run per notebook with parameters the post did not use (small, to keep the suite fast).
 OTHER_PARAMETERS = {
     "08_real_decoder": {"live_formats": ["q8_0", "q4_0"], "hadamard": False, "context_formats": ["q8_0", "kivi2"]},
-    "08b_two_decoders": {"passkey_context": 2048, "alpha": 0.1, "permutations": 500},
+    "08b_two_decoders": {"passkey_contexts": [2048], "alpha": 0.1, "permutations": 500},
     "01_sizing": {"context": 32768, "budget_gib": 10.0, "request_tokens": 4096, "models": ["Llama-3.1-8B", "Qwen3-8B"],
                   "compare_models": ["Gemma-3-27B"], "plot_models": ["Llama-3.1-8B"]},
     "04b_accumulation_beyond_flat": {"n_min_log2": 8, "n_max_log2": 12, "formats": ["bf16"],

@@ -203,8 +203,10 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
     Schema("08b_two_decoders", [
         Int("context", 2048, lo=256, doc="tokens per text window of the storage comparison (a context both "
                                          "decoders' committed windows have)"),
-        Int("passkey_context", 4096, lo=256, doc="prompt length of the passkey comparison (a context both "
-                                                 "decoders' committed grids have)"),
+        IntList("passkey_contexts", [4096, 8192], lo=256, doc="prompt lengths of the passkey comparison (one "
+                                                               "family per decoder over them; a context a decoder's "
+                                                               "grid lacks is left out for it)"),
+        Int("min_trials", 20, lo=1, doc="trials a passkey cell needs, paired with exact, to enter the comparison"),
         Float("alpha", 0.05, lo=0.0, hi=0.5, lo_open=True, doc="family-wise level of the McNemar tests and of "
                                                                "the rank-agreement test"),
         Int("permutations", 20000, lo=100, doc="random orders behind the rank agreement's permutation p"),

@@ -233,7 +233,7 @@ def law_reading(laws: Mapping[str, dict], published_n: int | None = None) -> Che
     for model, d in laws.items():
         if d["contexts"] == 0 or not math.isfinite(d["n_fail"]):
             parts.append(f"{_title(model)}: no collapse at the register widths run, so no prediction "
-                         f"(the failure lies beyond what they reach)")
+                         f"(the narrowest register tried kept the passkey)")
             verdicts.append(None)
             continue
         parts.append(f"{_title(model)}: x_c = {d['x_c']:.0f} [{d['x_lo']:.0f}, {d['x_hi']:.0f}] over {d['contexts']} "
@@ -250,12 +250,16 @@ def law_reading(laws: Mapping[str, dict], published_n: int | None = None) -> Che
 def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context: int,
              against: Mapping[str, pd.DataFrame] | None = None, laws: Mapping[str, dict] | None = None,
              alpha: float = 0.05, permutations: int = 20_000,
-             effects: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
+             effects: Mapping[str, pd.DataFrame] | None = None, axes: pd.DataFrame | None = None,
+             windows: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
     """The readings on both decoders: :func:`q8_0_reading`, :func:`ranking_reading`, with the passkey grids
     against exact (``against``) :func:`retrieval_reading` for the kernels and for storage, with each decoder's split
-    grid (``effects``) :func:`effects_reading`, and with each decoder's collapse summary (``laws``)
-    :func:`law_reading`."""
+    grid (``effects``) :func:`effects_reading`, with each decoder's collapse summary (``laws``)
+    :func:`law_reading`, and with the axis test on each decoder's extract (``axes``) :func:`k_axis_reading` (its
+    end-to-end KL from ``windows``, decoder name → per-window rows)."""
     out = [q8_0_reading(fmt_tables, context), ranking_reading(side, alpha, permutations)]
+    if axes is not None:
+        out.append(k_axis_reading(axes, windows, context))
     if against:
         out += [retrieval_reading(against, "kernel"), retrieval_reading(against, "stored")]
     if effects:
@@ -268,7 +272,7 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
 def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.DataFrame], side: pd.DataFrame,
             context: int, against: Mapping[str, pd.DataFrame] | None = None,
             laws: Mapping[str, dict] | None = None, alpha: float = 0.05, permutations: int = 20_000,
-            effects: Mapping[str, pd.DataFrame] | None = None) -> Verdict:
+            effects: Mapping[str, pd.DataFrame] | None = None, axes: pd.DataFrame | None = None) -> Verdict:
     """Notebook 08b's verdict: :func:`readings`, then where FP4 sits on each decoder
     (kvcost.claims.real_decoder.fp4_placement, ``windows``: decoder name → its per-window rows) and the runs
     behind them. ``fmt_tables``: decoder name → the rows its engines store
@@ -282,5 +286,5 @@ def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.Dat
         f" tokens, {int(a['trials'].min())}–{int(a['trials'].max())} trials each"
         for m, a in against.items() if not a.empty) + "."
     extra = "\n\n".join([f for f in fp4 if f] + [f"Runs committed: {runs}.{grids}"])
-    checks = readings(fmt_tables, side, context, against, laws, alpha, permutations, effects)
+    checks = readings(fmt_tables, side, context, against, laws, alpha, permutations, effects, axes, windows)
     return Verdict(printed=printed(), readings=checks, errata=errata(), what="published numbers", extra=extra)

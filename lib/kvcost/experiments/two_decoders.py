@@ -221,10 +221,11 @@ def against_exact(rows: pd.DataFrame, context: int | None = None, alpha: float =
         return pd.DataFrame(columns=cols)
     t["loses_needle"] = stats.paired_losses(t["lost"], t["gained"], alpha)
     discordant = (t["lost"] + t["gained"]).tolist()
-    t["detectable"] = [stats.detectable_loss(e, discordant, alpha) for e in t["exact_successes"]]
+    t["detectable"] = pd.array([stats.detectable_loss(e, discordant, alpha) for e in t["exact_successes"]],
+                               dtype="Int64")
     t["verdict"] = [("loss detected" if r.loses_needle else
-                     f"no loss detected at n = {r.trials}" + (f" (a loss of {r.detectable} trials would have been "
-                                                              "detected)" if r.detectable else
+                     f"no loss detected at n = {r.trials}" + (f" (a loss of {int(r.detectable)} trials would have "
+                                                              "been detected)" if pd.notna(r.detectable) else
                                                               " (no loss this small a grid could detect)"))
                     for r in t.itertuples()]
     return t
