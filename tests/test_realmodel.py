@@ -15,6 +15,7 @@ from kvcost.experiments import real_decoder as real
 from kvcost.experiments import real_decoder_passkey as pk
 from kvcost.models import decoders
 from kvcost.paths import repo_root
+from kvcost.retrieval import collapse
 from kvcost.storage import quant
 
 RNG = np.random.default_rng(3)
@@ -331,7 +332,7 @@ def test_collapse_bootstrap_carries_the_interval_to_the_predicted_context():
                                         "fa3:frac_bits=4": 0.0})
                         + _pk_rows(2048, {"exact": 1.0, "fa3": 1.0, "fa3:frac_bits=7": 0.95, "fa3:frac_bits=6": 0.1,
                                           "fa3:frac_bits=5": 0.0}))
-    per, fit = real.collapse_bootstrap(rows, boot=200)
+    per, fit = collapse.collapse_bootstrap(rows, boot=200)
     assert list(per["collapse_bits"]) == [5, 6] and list(per["x_c"]) == [32.0, 32.0]
     assert fit["law_holds"] and fit["contexts"] == 2 and fit["n_fail"] == pytest.approx(32 * 2 ** 13)
     assert fit["n_lo"] <= 32 * 2 ** 13 <= fit["n_hi"]
@@ -339,11 +340,11 @@ def test_collapse_bootstrap_carries_the_interval_to_the_predicted_context():
     assert per.loc[0, "x_lo"] <= 32 <= per.loc[0, "x_hi"]
     # a context without a collapse bounds x_c from below only and is left out of the pooled x_c
     held = pd.DataFrame(_pk_rows(4096, {"exact": 1.0, "fa3": 1.0, "fa3:frac_bits=6": 0.9, "fa3:frac_bits=5": 0.8}))
-    per2, fit2 = real.collapse_bootstrap(pd.concat([rows, held]), boot=200)
+    per2, fit2 = collapse.collapse_bootstrap(pd.concat([rows, held]), boot=200)
     assert math.isinf(per2.loc[2, "x_c"]) and per2.loc[2, "no_collapse_share"] > 0.9 and fit2["contexts"] == 2
     # contexts whose intervals exclude each other: the law is not seen to hold, and the reading says so
     far = pd.DataFrame(_pk_rows(8192, {"exact": 1.0, "fa3": 1.0, "fa3:frac_bits=11": 0.1, "fa3:frac_bits=10": 0.0}))
-    _, fit3 = real.collapse_bootstrap(pd.concat([rows, far]), boot=200)
+    _, fit3 = collapse.collapse_bootstrap(pd.concat([rows, far]), boot=200)
     assert not fit3["law_holds"]
     check = claims.register_failure(pd.DataFrame(), rows=pd.concat([rows, far]), boot=200)
     assert "the data cannot predict" in check.computed and not check.agrees
@@ -351,7 +352,7 @@ def test_collapse_bootstrap_carries_the_interval_to_the_predicted_context():
     assert "fails near 260,000 tokens, 95% interval [" in ok.computed and not ok.agrees    # > 128k
     assert ok.computed.endswith("tokens (two significant figures)")
     # too few trials per cell: nothing to say
-    assert real.collapse_bootstrap(rows[rows["trial"] < 5], boot=50)[0].empty
+    assert collapse.collapse_bootstrap(rows[rows["trial"] < 5], boot=50)[0].empty
 
 
 def test_llamacpp_comparison_and_agreement():
@@ -539,14 +540,14 @@ def test_register_failure_scaling_law():
     rows2 = [("exact", 20), ("fa3", 20), ("fa3:frac_bits=4", 15), ("fa3:frac_bits=3", 4)]
     df2 = pd.concat([df, pd.DataFrame([{"context": 2048, "trial": i, "variant": v, "success": int(i < k),
                                         "margin": 0.0} for v, k in rows2 for i in range(20)])])
-    col = real.collapse_table(real.passkey_table(df2))
+    col = collapse.collapse_table(real.passkey_table(df2))
     assert list(col["collapse_bits"]) == [2, 3] and list(col["x_c"]) == [256.0, 256.0]
     assert list(col["lowest_bits_holding"]) == [4, 4]
     # a cell of a few trials does not move the collapse: frac_bits 5 failing on its 3 trials is ignored
     few = pd.concat([df2, pd.DataFrame([{"context": 2048, "trial": i, "variant": "fa3:frac_bits=5", "success": 0,
                                          "margin": 0.0} for i in range(3)])])
-    assert list(real.collapse_table(real.passkey_table(few))["collapse_bits"]) == [2, 3]
-    assert list(real.collapse_table(real.passkey_table(few), min_trials=3)["collapse_bits"]) == [2, 5]
+    assert list(collapse.collapse_table(real.passkey_table(few))["collapse_bits"]) == [2, 3]
+    assert list(collapse.collapse_table(real.passkey_table(few), min_trials=3)["collapse_bits"]) == [2, 5]
     two = claims.register_failure(real.passkey_table(df2))
     assert "x_c within a factor 1 across 2 contexts" in two.computed and f"{2048 * 2 ** 10:,}" in two.computed
     none = claims.register_failure(real.passkey_table(df[df["variant"] != "fa3:frac_bits=2"]), 1024)

@@ -16,6 +16,7 @@ from kvcost.claims.report import PRINTED, READING, Check, Verdict
 from kvcost.experiments import real_decoder as tables
 from kvcost.paths import data_dir, data_path
 from kvcost.provenance import checked
+from kvcost.retrieval import collapse
 
 __all__ = ["FP4_REFERENCES", "MATCH_REL", "ROTATION_MOST", "fp4_placement",
            "errata", "layout_check", "load_claims", "printed", "published_register_loss",
@@ -197,8 +198,8 @@ def _published_register(root: Path | None) -> str:
 
 def _register_failure_bootstrap(rows: pd.DataFrame, full_bits: int, root: Path | None, boot: int) -> Check | None:
     """:func:`register_failure` on raw passkey rows of the MMA-Sim-exact unit, P·V narrowed alone, with the
-    collapse point's uncertainty carried through (:func:`kvcost.experiments.real_decoder.collapse_bootstrap`)."""
-    per, fit = tables.collapse_bootstrap(rows, full_bits, boot=boot)
+    collapse point's uncertainty carried through (:func:`kvcost.retrieval.collapse.collapse_bootstrap`)."""
+    per, fit = collapse.collapse_bootstrap(rows, full_bits, boot=boot)
     if per.empty:
         return None
     claim = "vLLM: FP8 attention's 13-bit register loses the needle at 128k"
@@ -238,7 +239,7 @@ def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bit
     The FA3 emulation's accumulation error is a function of x = n·2^-b (notebook 06). At each
     context with a ``frac_bits`` sweep (``context``: only that one), the collapse is the largest b
     whose success rate is at most half the exact rate, x_c = n·2^-b
-    (:func:`kvcost.experiments.real_decoder.collapse_table`); the same x at ``full_bits`` is the context
+    (:func:`kvcost.retrieval.collapse.collapse_table`); the same x at ``full_bits`` is the context
     n·2^(full_bits - b). The prediction comes from the longest context with a collapse (the
     nearest to the published setting), and the other contexts' x_c show whether the law holds
     here. Set beside vLLM's published 91% → 13% at 128k (FA3 FP8 on Hopper; Llama-3.1-8B per the
@@ -248,12 +249,12 @@ def register_failure(passkey: pd.DataFrame, context: int | None = None, full_bit
     estimate. None when no sweep is present. With ``rows`` (raw passkey rows of the MMA-Sim-exact unit, P·V
     narrowed alone: ``data/real_model/passkey_unit.csv``) the reading rests on them instead, each collapse
     point with a bootstrap interval over trials and the predicted context's interval carried through
-    (:func:`kvcost.experiments.real_decoder.collapse_bootstrap`, ``boot`` resamples).
+    (:func:`kvcost.retrieval.collapse.collapse_bootstrap`, ``boot`` resamples).
     """
     if rows is not None and not rows.empty:
         return _register_failure_bootstrap(rows, full_bits, root, boot)
     table = passkey if context is None else passkey[passkey["context"] == context]
-    col = tables.collapse_table(table, full_bits)
+    col = collapse.collapse_table(table, full_bits)
     if col.empty:
         return None
     published = _published_register(root)

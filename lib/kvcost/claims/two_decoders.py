@@ -220,7 +220,7 @@ def k_axis_reading(axes: pd.DataFrame, windows: Mapping[str, pd.DataFrame] | Non
 
 def law_reading(laws: Mapping[str, dict], published_n: int | None = None) -> Check | None:
     """The n·2^-b law on each decoder: where a 13-bit P·V register would lose the passkey, from each decoder's
-    narrowed-register rows (``laws``: decoder name → the summary kvcost.experiments.real_decoder.
+    narrowed-register rows (``laws``: decoder name → the summary kvcost.retrieval.collapse.
     collapse_bootstrap returns). Set against vLLM's published loss at ``published_n`` (default: the context the
     data file gives it, kvcost.claims.real_decoder.published_register_loss; one model the post does not name):
     does not hold where a decoder's interval lies above it, not shown where a decoder's rows collapse at no width

@@ -29,15 +29,16 @@ from kvcost.inputs import extracts
 from kvcost.models import decoders
 from kvcost.paths import data_path, repo_path
 from kvcost.provenance import checked
+from kvcost.retrieval.collapse import frac_bits_of
 from kvcost.storage.spec import CacheSpec, parse_spec
 
 __all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "engine_order",
-           "collapse_bootstrap", "element_of", "paired_ratio",
+           "element_of", "paired_ratio",
            "fast_vs_faithful",
            "fast_vs_faithful_summary", "format_table", "head_summary", "structure_by_layer_type",
            "layout_comparison", "live_slice",
-           "llamacpp_comparison", "collapse_table",
-           "unit_rederivation", "frac_bits_of", "load_provenance", "load_windows", "passkey_pivot",
+           "llamacpp_comparison",
+           "unit_rederivation", "load_provenance", "load_windows", "passkey_pivot",
            "passkey_table", "storage_retrieval"]
 
 DATA = Path("data") / "real_model"
@@ -342,106 +343,6 @@ def storage_retrieval(pk_rows: pd.DataFrame, fmt_table: pd.DataFrame, min_trials
     if len(out):
         out["loses_needle"] = stats.paired_losses(out["lost"], out["gained"], alpha)
     return out.sort_values(["context", "kl", "format"], ignore_index=True)
-
-
-def frac_bits_of(variant: str, full_bits: int = 13) -> int | None:
-    """The register's fraction bits of a plain fast-mode kernel variant (``fa3`` -> ``full_bits``,
-    ``fa3:frac_bits=b`` -> b), None for any other variant."""
-    if variant == "fa3":
-        return full_bits
-    if variant.startswith("fa3:frac_bits=") and "," not in variant:
-        return int(variant.split("=")[1])
-    return None
-
-
-def collapse_table(table: pd.DataFrame, full_bits: int = 13, min_trials: int = 20) -> pd.DataFrame:
-    """Per context with a ``frac_bits`` sweep: the exact rate, the largest b whose success rate is at
-    most half the exact rate (``collapse_bits``, None when none is), x_c = context·2^-b, and the
-    context at which a ``full_bits`` register reaches the same x (``n_fail_full``). If the kernel's
-    loss is a function of n·2^-b (notebook 06's scaling law), x_c is the same at every context
-    (within the factor 2 of the b grid). Only cells of at least ``min_trials`` trials count (the
-    exact one included): a rate from a few trials would move the collapse by chance."""
-    rows = []
-    for c, g in table.groupby("context"):
-        g = g[g["trials"] >= min_trials].set_index("variant")
-        bits = {b: float(g.loc[v, "rate"]) for v in g.index if (b := frac_bits_of(v, full_bits)) is not None}
-        if "exact" not in g.index or len(bits) < 2:
-            continue
-        exact = float(g.loc["exact", "rate"])
-        collapsed = [b for b, r in bits.items() if r <= exact / 2]
-        b_c = max(collapsed) if collapsed else None
-        rows.append({"context": int(c), "exact_rate": exact, "bits_tried": " ".join(map(str, sorted(bits))),
-                     "collapse_bits": b_c, "x_c": c / 2 ** b_c if b_c is not None else math.nan,
-                     "n_fail_full": c * 2 ** (full_bits - b_c) if b_c is not None else math.nan,
-                     "lowest_bits_holding": min((b for b, r in bits.items() if r > exact / 2), default=None)})
-    return pd.DataFrame(rows)
-
-
-def _collapse_x(n: float, bits: np.ndarray, narrow: np.ndarray, exact: np.ndarray) -> float:
-    """x_c = n·2^-b_c for the largest b whose rate (``narrow``: trials x variants of ``bits``) is at most half
-    the ``exact`` rate; +inf when none is."""
-    hit = bits[narrow.mean(axis=0) <= exact.mean() / 2]
-    return n / 2.0 ** hit.max() if hit.size else math.inf
-
-
-def collapse_bootstrap(rows: pd.DataFrame, full_bits: int = 13, boot: int = 2000, seed: int = 0,
-                       min_trials: int = 14) -> tuple[pd.DataFrame, dict]:
-    """The register's collapse point with its uncertainty, from raw passkey rows (context, trial, variant,
-    success; e.g. ``data/real_model/passkey_unit.csv``).
-
-    Per context: the trials that ran exact attention and every ``frac_bits`` variant of that context (at least
-    ``min_trials`` of them) are resampled with replacement, the same trials for every variant (the cells are
-    paired); in each resample the collapse b_c is the largest b whose rate is at most half the exact rate (None
-    when no b collapses), x_c = n·2^-b_c. Returned per context: the point b_c and x_c of the trials as run, and the
-    2.5 / 97.5 percentiles of x_c over resamples (a resample without a collapse counts as x_c above every b
-    tried: ``+inf``). Then the model's x_c — the geometric mean over the contexts whose trials as run collapse,
-    each context resampled on its own (a context without a collapse bounds x_c from below only) — with its
-    interval, and the context at which a ``full_bits`` register reaches it, n = x_c·2^full_bits,
-    with the interval carried through. If the contexts' intervals do not overlap the law n·2^-b is not seen to
-    hold and ``law_holds`` is False."""
-    rng = np.random.default_rng(seed)
-    per, draws = [], []
-    for c, g in rows.groupby("context", sort=True):
-        g = g.assign(bits=[frac_bits_of(v, full_bits) for v in g["variant"]])
-        cells = g[(g["variant"] == "exact") | g["bits"].notna()]
-        counts = cells.groupby("variant")["trial"].nunique()
-        keep = counts[counts >= min_trials].index                  # variants run on enough trials
-        wide = cells[cells["variant"].isin(keep)].pivot_table(index="trial", columns="variant", values="success",
-                                                              aggfunc="first").dropna()
-        narrow = [v for v in wide.columns if v != "exact"]
-        if "exact" not in wide.columns or len(narrow) < 2 or len(wide) < min_trials:
-            continue
-        bits = np.array([frac_bits_of(v, full_bits) for v in narrow])
-        m, e = wide[narrow].to_numpy(float), wide["exact"].to_numpy(float)
-        idx = rng.integers(0, len(wide), size=(boot, len(wide)))
-        xs = np.array([_collapse_x(float(c), bits, m[i], e[i]) for i in idx])
-        x0 = _collapse_x(float(c), bits, m, e)
-        draws.append(xs)
-        per.append({"context": int(c), "trials": len(wide), "bits_tried": " ".join(map(str, sorted(bits))),
-                    "x_c": x0, "collapse_bits": None if math.isinf(x0) else round(math.log2(c / x0)),
-                    "x_lo": float(np.quantile(xs, 0.025, method="lower")),
-                    "x_hi": float(np.quantile(xs, 0.975, method="higher")),
-                    "no_collapse_share": float(np.isinf(xs).mean())})
-    table = pd.DataFrame(per)
-    if table.empty:
-        return table, {}
-    # pooled over the contexts where the trials as run collapse (a context without one bounds x_c from below only)
-    fin = np.isfinite(table["x_c"].to_numpy())
-    if not fin.any():
-        lo = float(table["x_lo"].max())
-        return table, {"contexts": 0, "x_c": math.inf, "x_lo": lo, "x_hi": math.inf, "full_bits": full_bits,
-                       "n_fail": math.inf, "n_lo": lo * 2.0 ** full_bits, "n_hi": math.inf, "law_holds": False,
-                       "boot": boot}
-    with np.errstate(divide="ignore"):
-        pooled = np.exp(np.log(np.stack(draws)[fin]).mean(axis=0))   # geometric mean over contexts, per resample
-    x0 = float(np.exp(np.mean(np.log(table["x_c"][fin]))))
-    lo = float(np.quantile(pooled, 0.025, method="lower"))
-    hi = float(np.quantile(pooled, 0.975, method="higher"))
-    overlap = float(table["x_lo"].max()) <= float(table["x_hi"].min())
-    fit = {"contexts": int(fin.sum()), "x_c": x0, "x_lo": lo, "x_hi": hi, "full_bits": full_bits,
-           "n_fail": x0 * 2.0 ** full_bits, "n_lo": lo * 2.0 ** full_bits, "n_hi": hi * 2.0 ** full_bits,
-           "law_holds": bool(overlap and len(table) > 1), "boot": boot}
-    return table, fit
 
 
 def fast_vs_faithful(df: pd.DataFrame) -> pd.DataFrame:
