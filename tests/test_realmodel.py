@@ -425,6 +425,33 @@ def test_passkey_prompt_follows_the_decoders_template():
         pk.build_prompt(Tok(), 2000, 0.3, seed=4, model="llama")
 
 
+def test_multikey_prompt_is_rulers_niah_multikey_2():
+    class Tok:                                     # one id per character; BOS is id 2, as Gemma's
+        bos_token_id = 2
+
+        def __call__(self, s, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in s]}
+    p = pk.build_prompt(Tok(), 3000, 0.25, seed=7, model="gemma3-270m", task="niah_multikey_2")
+    assert p.prefix[0] == 2
+    text = "".join(map(chr, p.prefix[1:] + p.tail))
+    assert text.startswith("A special magic number is hidden within the following text. Make sure to memorize it. "
+                           "I will quiz you about the number afterwards.\n")
+    lines = text.split("\n")[1:-1]                 # the haystack: every line a needle of its own key
+    keys = [ln.split(" for ")[1].split(" is: ")[0] for ln in lines]
+    assert all(ln.startswith("One of the special magic numbers for ") for ln in lines)
+    assert len(set(keys)) == len(keys) and keys.count(p.key) == 1          # distinct keys, the queried one once
+    assert abs(keys.index(p.key) / len(keys) - 0.25) < 0.05
+    assert "".join(map(chr, p.prefix[p.needle[0]:p.needle[1]])) == \
+        f"One of the special magic numbers for {p.key} is: {p.value}."
+    assert text.endswith(f"What is the special magic number for {p.key} mentioned in the provided text? "
+                         f"The special magic number for {p.key} mentioned in the provided text is: {p.value}")
+    assert 2700 < len(p.prefix) + len(p.tail) <= 3000
+    with pytest.raises(ValueError, match="'task'"):
+        pk.build_prompt(Tok(), 3000, 0.25, seed=7, task="niah_multivalue")
+    with pytest.raises(ValueError, match=r"'context'.*distinct keys"):
+        pk.build_prompt(Tok(), 200_000, 0.25, seed=7, task="niah_multikey_2")
+
+
 # ------------------------------------------------------------------ the committed results
 
 def test_committed_extract_and_live_slice():

@@ -4,13 +4,15 @@
         --variants exact fa3 fa3:frac_bits=7 fa3:frac_bits=4 store:q4_0
     python -m kvcost.runs.real_model_passkey --context 1024         # the same job
     python scripts/real_model_passkey.py --model gemma3-270m --context 4096 --variants exact fa3
+    python scripts/real_model_passkey.py --model gemma3-270m --task niah_multikey_2 --context 4096 --variants exact fa3
     python -m kvcost.sweep run real_model_passkey            # the whole grid as a sweep (sweeps/)
 
 Trial i of a context puts the needle at depth (i + 0.5) / trials with seed 1000 * context + i
 (kvcost.experiments.real_decoder_passkey.build_prompt). One CSV row per cell, appended as soon as a
 trial's variants are scored (passkey.csv in the decoder's results folder: data/real_model/ for SmolLM2,
 data/real_model/gemma3_270m/ for Gemma, as its other runs): ``context, trial, depth, tokens, variant, success,
-margin, seconds``; cells already in the file are skipped. Provenance in passkey.json beside it.
+margin, seconds``; cells already in the file are skipped. Provenance in passkey.json beside it. ``--task
+niah_multikey_2`` writes ``niah_multikey_2.csv`` there instead (the same columns).
 """
 from __future__ import annotations
 
@@ -29,10 +31,12 @@ ROOT = repo_root()
 OUT = ROOT / "data" / "real_model" / "passkey.csv"
 
 
-def default_out(model: str) -> Path:
-    """Where decoder ``model``'s passkey rows go by default: ``passkey.csv`` in its results folder
-    (kvcost.models.decoders.Decoder.data: :data:`OUT` for SmolLM2, ``data/real_model/gemma3_270m/`` for Gemma)."""
-    return ROOT / "data" / decoders.decoder(model).data / "passkey.csv"
+def default_out(model: str, task: str = "niah_single_1") -> Path:
+    """Where decoder ``model``'s rows of ``task`` go by default, in its results folder
+    (kvcost.models.decoders.Decoder.data: data/real_model/ for SmolLM2, ``data/real_model/gemma3_270m/`` for Gemma):
+    ``passkey.csv`` (:data:`OUT` for SmolLM2) for ``niah_single_1``, ``<task>.csv`` for another RULER task."""
+    name = "passkey.csv" if task == "niah_single_1" else f"{task}.csv"
+    return ROOT / "data" / decoders.decoder(model).data / name
 
 
 FIELDS = ["context", "trial", "depth", "tokens", "variant", "success", "margin", "seconds"]
@@ -44,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=list(pk.TEMPLATES), default=decoders.DEFAULT_DECODER,
                     help="the real decoder (kvcost.models.decoders.DECODERS)")
+    ap.add_argument("--task", choices=list(pk.TASKS), default="niah_single_1",
+                    help="the RULER task (kvcost.experiments.real_decoder_passkey.TASKS; default niah_single_1)")
     ap.add_argument("--context", type=int_at_least(256), nargs="+", required=True, help="prompt lengths in tokens")
     ap.add_argument("--trials", type=int_at_least(1), default=20, help="trials per context: depth (i + 0.5) / trials")
     ap.add_argument("--first-trial", type=int, default=0)
@@ -58,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="the CSV rows are appended to (provenance beside it); default: the model's (default_out)")
     args = ap.parse_args(argv)
     if args.out is None:
-        args.out = default_out(args.model)
+        args.out = default_out(args.model, args.task)
     for v in args.variants:                 # a format this decoder's cache cannot store fails now, not mid-grid
         fmt = decoders.stored_format(v)
         if fmt is not None:
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.with_suffix(".json"), started=True,
         command="python scripts/real_model_passkey.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         versions=decoders.versions(args.model),
-        note={"model": args.model, "gguf_sha256": provenance.sha256(decoders.gguf_path(args.model))})
+        note={"model": args.model, "task": args.task, "gguf_sha256": provenance.sha256(decoders.gguf_path(args.model))})
     done = provenance.finished_keys(args.out, [("context", int), ("trial", int), ("variant", str)])
     with provenance.appending(args.out, FIELDS) as write:
         for c in args.context:
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not todo:
                     continue
                 depth = (i + 0.5) / args.trials
-                prompt = pk.build_prompt(tok, c, depth, seed=1000 * c + i, model=args.model)
+                prompt = pk.build_prompt(tok, c, depth, seed=1000 * c + i, model=args.model, task=args.task)
                 results = pk.run_trial(model, attn, prompt, todo)
                 for v in todo:
                     res = results[v]
