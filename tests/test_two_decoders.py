@@ -152,3 +152,15 @@ def test_k_axis_reading_on_both_extracts():
     flipped = axes.reset_index().assign(per_channel_wins=0, share=0.0, lo=0.0, hi=0.3)
     assert claims.k_axis_reading(flipped).agrees is False
     assert claims.k_axis_reading(axes.reset_index().iloc[0:0]) is None
+
+
+def test_the_published_register_loss_comes_from_the_data_file():
+    from kvcost.claims import real_decoder as one
+
+    pub = one.published_register_loss()
+    assert pub == {"bf16": 0.91, "fp8": 0.13, "context": 131072}
+    # the law reading defaults to that context: an interval reaching 131,072 holds, one above it does not
+    d = {"contexts": 1, "x_c": 16.0, "x_lo": 15.0, "x_hi": 17.0, "full_bits": 13, "n_fail": 131072.0,
+         "n_lo": 122880.0, "n_hi": 139264.0}
+    assert claims.law_reading({"smollm2-135m": d}).agrees is True
+    assert claims.law_reading({"smollm2-135m": dict(d, n_lo=140000.0, n_hi=150000.0)}).agrees is False
