@@ -74,6 +74,11 @@ def test_retrieval_readings_report_each_effect_separately():
     assert kernel.agrees is True and "no loss detected for 1 variants at n = 20" in kernel.computed
     assert "frac_bits" not in kernel.computed                       # the narrowed register is not the kernel
     assert stored.agrees is False and "loss detected for store:kivi2" in stored.computed
+    # exact attention retrieving 3 of 20: no loss could have been detected, so "no loss" is not shown as kept
+    few = _grid({"exact": [1] * 3 + [0] * 17, "fa3": [1] * 2 + [0] * 18})
+    blind = claims.retrieval_reading({"gemma3-270m": two.against_exact(few)}, "kernel", "niah_multikey_2")
+    assert blind.agrees is None and blind.claim.endswith("on RULER niah_multikey_2")
+    assert "exact attention retrieves 3: no loss this grid could detect" in blind.computed
 
 
 def test_committed_runs_side_by_side():

@@ -98,14 +98,15 @@ def _cells(rows: pd.DataFrame) -> list[str]:
     return [f"{v} at {int(c):,}" for v, c in zip(rows["variant"], rows["context"])]
 
 
-def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str) -> Check | None:
+def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str, task: str = "") -> Check | None:
     """The post's division of symptoms on each decoder, one effect at a time: "the needle stops being attended
     to" is accumulation's (``kind="kernel"``: the FP8 kernels at full register width; the narrowed registers,
     the stand-in for longer contexts, are notebook 08's) and storage gives "slight output drift"
     (``kind="stored"``: the stored formats). ``against``: decoder name → kvcost.experiments.two_decoders.
     against_exact. Holds where no such variant loses the needle on either decoder; with none lost it says what
-    loss the grid could have detected."""
-    parts, lost_any, n_min = [], [], None
+    loss the grid could have detected, and where no loss could have been (exact attention retrieves too few) the
+    reading is not shown. ``task``: the RULER task the grids ran, named in the claim (niah_single_1 unnamed)."""
+    parts, lost_any, n_min, blind = [], [], None, False
     for model, t in against.items():
         judged = _judged(t, kind) if not t.empty else t
         if judged.empty:
@@ -114,18 +115,24 @@ def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str) -> Check |
         n_min = min(int(judged["trials"].min()), n_min or 10**9)
         ctx = ", ".join(f"{c:,}" for c in sorted(judged["context"].unique()))
         detect = judged["detectable"].dropna()
+        blind = blind or (not len(lost) and not len(detect))
         parts.append(f"{_title(model)} at {ctx} tokens: "
                      + (f"loss detected for {', '.join(_cells(lost))} (of {len(judged)})" if len(lost) else
                         f"no loss detected for {len(judged)} variants at n = {int(judged['trials'].min())}"
-                        + (f" (a loss of {int(detect.max())} trials would have been detected)" if len(detect) else "")))
+                        + (f" (a loss of {int(detect.max())} trials would have been detected)" if len(detect) else
+                           f" (exact attention retrieves {int(judged['exact_successes'].max())}: no loss this "
+                           "grid could detect)")))
         lost_any.append(len(lost) > 0)
     if not parts:
         return None
     claim = ("No needle lost to the FP8 kernels at full register width at these contexts (the post: lost at ~100k, "
              "to accumulation)" if kind == "kernel" else
              "No needle lost to storage (the post: storage gives 'slight output drift, higher perplexity')")
+    if task:
+        claim += f", on RULER {task}"
+    agrees = False if any(lost_any) else None if blind else True
     return Check(READING, claim, "not lost" if kind == "kernel" else "drift, not a lost needle", "; ".join(parts),
-                 not any(lost_any),
+                 agrees,
                  f"exact McNemar against exact attention on the same trials, Holm–Tarone per decoder; n ≥ {n_min}")
 
 
@@ -251,9 +258,11 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
              against: Mapping[str, pd.DataFrame] | None = None, laws: Mapping[str, dict] | None = None,
              alpha: float = 0.05, permutations: int = 20_000,
              effects: Mapping[str, pd.DataFrame] | None = None, axes: pd.DataFrame | None = None,
-             windows: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
+             windows: Mapping[str, pd.DataFrame] | None = None,
+             multikey: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
     """The readings on both decoders: :func:`q8_0_reading`, :func:`ranking_reading`, with the passkey grids
-    against exact (``against``) :func:`retrieval_reading` for the kernels and for storage, with each decoder's split
+    against exact (``against``; ``multikey``: the niah_multikey_2 grids') :func:`retrieval_reading` for the kernels
+    and for storage, with each decoder's split
     grid (``effects``) :func:`effects_reading`, with each decoder's collapse summary (``laws``)
     :func:`law_reading`, and with the axis test on each decoder's extract (``axes``) :func:`k_axis_reading` (its
     end-to-end KL from ``windows``, decoder name → per-window rows)."""
@@ -262,6 +271,9 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
         out.append(k_axis_reading(axes, windows, context))
     if against:
         out += [retrieval_reading(against, "kernel"), retrieval_reading(against, "stored")]
+    if multikey:
+        out += [retrieval_reading(multikey, "kernel", "niah_multikey_2"),
+                retrieval_reading(multikey, "stored", "niah_multikey_2")]
     if effects:
         out.append(effects_reading(effects, alpha=alpha))
     if laws:
@@ -269,10 +281,17 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
     return [c for c in out if c is not None]
 
 
+def _span(n: pd.Series) -> str:
+    """``"20"`` or ``"4–20"``: the range of a count column."""
+    lo, hi = int(n.min()), int(n.max())
+    return f"{lo}" if lo == hi else f"{lo}–{hi}"
+
+
 def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.DataFrame], side: pd.DataFrame,
             context: int, against: Mapping[str, pd.DataFrame] | None = None,
             laws: Mapping[str, dict] | None = None, alpha: float = 0.05, permutations: int = 20_000,
-            effects: Mapping[str, pd.DataFrame] | None = None, axes: pd.DataFrame | None = None) -> Verdict:
+            effects: Mapping[str, pd.DataFrame] | None = None, axes: pd.DataFrame | None = None,
+            multikey: Mapping[str, pd.DataFrame] | None = None) -> Verdict:
     """Notebook 08b's verdict: :func:`readings`, then where FP4 sits on each decoder
     (kvcost.claims.real_decoder.fp4_placement, ``windows``: decoder name → its per-window rows) and the runs
     behind them. ``fmt_tables``: decoder name → the rows its engines store
@@ -283,8 +302,14 @@ def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.Dat
                      f"tokens, {t[t['context'] == context]['format'].nunique()} formats" for m, t in fmt_tables.items())
     grids = "" if not against else " Passkey: " + "; ".join(
         f"{_title(m)} {len(a)} variants against exact at {', '.join(f'{c:,}' for c in sorted(a['context'].unique()))}"
-        f" tokens, {int(a['trials'].min())}–{int(a['trials'].max())} trials each"
+        f" tokens, {_span(a['trials'])} trials each"
         for m, a in against.items() if not a.empty) + "."
     extra = "\n\n".join([f for f in fp4 if f] + [f"Runs committed: {runs}.{grids}"])
-    checks = readings(fmt_tables, side, context, against, laws, alpha, permutations, effects, axes, windows)
-    return Verdict(printed=printed(), readings=checks, errata=errata(), what="published numbers", extra=extra)
+    checks = readings(fmt_tables, side, context, against, laws, alpha, permutations, effects, axes, windows,
+                      multikey)
+    undecided = [c for c in checks if c.agrees is None]
+    if undecided:       # a reading the grids cannot decide is said, apart from those that hold or do not
+        extra = ("**Not shown** (the runs cannot decide): " + "; ".join(f"*{c.claim}* — {c.computed}"
+                                                                        for c in undecided) + ".\n\n" + extra)
+    return Verdict(printed=printed(), readings=[c for c in checks if c.agrees is not None], errata=errata(),
+                   what="published numbers", extra=extra)
