@@ -446,6 +446,9 @@ def test_multikey_prompt_is_rulers_niah_multikey_2():
     assert text.endswith(f"What is the special magic number for {p.key} mentioned in the provided text? "
                          f"The special magic number for {p.key} mentioned in the provided text is: {p.value}")
     assert 2700 < len(p.prefix) + len(p.tail) <= 3000
+    assert (pk.results_name(), pk.results_name("niah_multikey_2")) == ("passkey.csv", "niah_multikey_2.csv")
+    with pytest.raises(ValueError, match="'task'"):
+        pk.results_name("niah_multivalue")
     with pytest.raises(ValueError, match="'task'"):
         pk.build_prompt(Tok(), 3000, 0.25, seed=7, task="niah_multivalue")
     with pytest.raises(ValueError, match=r"'context'.*distinct keys"):

@@ -44,7 +44,7 @@ from kvcost.paths import data_path
 from kvcost.provenance import checked
 
 __all__ = ["HAYSTACK", "KEYS", "PROPAGATION_CSV", "ROWS", "TASKS", "TEMPLATES", "Prompt", "Template", "template",
-           "build_prompt", "multikey_prompt", "parse_variant", "FA3Attention",
+           "build_prompt", "multikey_prompt", "results_name", "parse_variant", "FA3Attention",
            "committed_propagation", "propagation_table", "run_trial", "split_attention"]
 
 #: Which rows a fast-mode variant emulates: ``tail`` (the question and the answer) or ``answer``
@@ -156,6 +156,14 @@ def build_prompt(tok: Any, context: int, depth: float, seed: int, model: str = "
 #: haystack, every line a needle of another key and value (the task vLLM's flash-attention PR #122 scores at 128k),
 #: written as lm-eval writes it.
 TASKS = ("niah_single_1", "niah_multikey_2")
+
+def results_name(task: str = "niah_single_1") -> str:
+    """The file a decoder's rows of ``task`` (:data:`TASKS`) are committed in, in its results folder:
+    ``passkey.csv`` for ``niah_single_1``, ``<task>.csv`` for another."""
+    if task not in TASKS:
+        raise ValueError(f"parameter 'task' must be one of {list(TASKS)}, got {task!r}")
+    return "passkey.csv" if task == "niah_single_1" else f"{task}.csv"
+
 
 #: Adjectives and nouns of the multi-key task's keys (lm-eval draws "adjective-noun" words from wonderwords' lists;
 #: fixed lists keep the trials reproducible offline): 40 x 50 = 2,000 distinct keys, enough lines for 32k tokens.
