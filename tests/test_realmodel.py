@@ -938,3 +938,29 @@ def test_passkey_job_refuses_a_format_the_decoders_cache_cannot_store_before_it_
     err = capsys.readouterr().err
     assert "--variants store:nvfp4@hf" in err and "drop '@hf'" in err
     assert job.parse_args(["--context", "1024", "--variants", "store:nvfp4@hf"]).variants == ["store:nvfp4@hf"]
+
+
+def test_the_whole_novel_starts_with_the_default_text_and_the_ppl_job_names_both():
+    """Windows of 8k and 32k tokens need more than the default text's ~24k tokens: the whole novel is a second
+    registered text whose start is the first text, so a window both cover is the same characters."""
+    from kvcost import provenance
+    from kvcost.runs import real_model_ppl
+
+    short = provenance.checked(decoders.TEXTS["pride_and_prejudice"]).read_text(encoding="utf-8")
+    full = provenance.checked(decoders.TEXTS["pride_and_prejudice_full"]).read_text(encoding="utf-8")
+    assert len(short) == 94468 and len(full) == 684768 and full.startswith(short.rstrip("\n") + "\n")
+    assert decoders.TEXTS[decoders.DEFAULT_TEXT] == decoders.TEXT
+    assert real_model_ppl.parse_args(["--context", "8192"]).text == "pride_and_prejudice"
+    assert real_model_ppl.parse_args(["--context", "8192", "--text", "pride_and_prejudice_full"]).text \
+        == "pride_and_prejudice_full"
+    with pytest.raises(SystemExit):
+        real_model_ppl.parse_args(["--context", "8192", "--text", "emma"])
+
+
+@pytest.mark.skipif(not decoders.available(), reason="the [real-model] extra is not installed (make real-model)")
+def test_the_two_texts_give_the_same_first_tokens():
+    tok = decoders.tokenizer()
+    ids = [tok(decoders.TEXTS[name].read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+           for name in ("pride_and_prejudice", "pride_and_prejudice_full")]
+    assert len(ids[1]) > 5 * 32768 and len(ids[0]) > 16384        # 5 windows of 32k; the default 16k
+    assert ids[0][:len(ids[0]) - 8] == ids[1][:len(ids[0]) - 8]      # all but the last line's tokens

@@ -64,6 +64,8 @@ __all__ = [
     "K_LAYOUTS",
     "STORAGE_FORMATS",
     "TEXT",
+    "TEXTS",
+    "DEFAULT_TEXT",
     "WINDOW_FIELDS",
     "WINDOW_KEY",
     "Decoder",
@@ -95,10 +97,15 @@ __all__ = [
     "with_spec",
 ]
 
-#: The text every real-model run reads (public domain; data/text/README.md) and the columns of a
-#: per-window perplexity row, shared by our runs and llama.cpp's (``scripts/real_model_ppl.py``,
-#: ``scripts/llamacpp_reference.py``).
-TEXT = data_path("text", "pride_and_prejudice.txt")
+#: The texts the real-model runs read (public domain; data/text/README.md), by name: *Pride and Prejudice*'s
+#: first 2,000 lines (about 24k tokens, every run's default) and the whole novel (about 170k tokens, for windows
+#: of 8k and 32k tokens), whose first 2,000 lines are the first text's, so the windows they share are the same
+#: tokens. The columns of a per-window perplexity row, shared by our runs and llama.cpp's
+#: (``scripts/real_model_ppl.py``, ``scripts/llamacpp_reference.py``).
+TEXTS = {"pride_and_prejudice": data_path("text", "pride_and_prejudice.txt"),
+         "pride_and_prejudice_full": data_path("text", "pride_and_prejudice_full.txt")}
+DEFAULT_TEXT = "pride_and_prejudice"
+TEXT = TEXTS[DEFAULT_TEXT]
 WINDOW_FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
                  "correct", "seconds"]
 WINDOW_KEY = [("context", int), ("window", int), ("format", str)]

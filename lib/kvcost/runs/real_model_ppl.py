@@ -6,8 +6,10 @@
     python scripts/real_model_ppl.py --model gemma3-270m --context 2048 --formats fp32 fp16 q8_0 q4_0
     python -m kvcost.sweep run real_model_ppl                # the whole grid as a sweep (sweeps/)
 
-Text: data/text/pride_and_prejudice.txt, tokenized without special tokens; its first
-``--tokens`` tokens (default 16,384) are cut into consecutive windows of ``--context`` tokens.
+Text: ``--text`` (kvcost.models.decoders.TEXTS: data/text/pride_and_prejudice.txt, the first 2,000 lines of
+the novel, by default; ``pride_and_prejudice_full``, the whole novel, for windows of 8k and 32k tokens), tokenized
+without special tokens; its first ``--tokens`` tokens (default 16,384) are cut into consecutive windows of
+``--context`` tokens. The first text is the start of the second, so the windows they share are the same tokens.
 Each window is one forward pass with a fresh cache whose K (after RoPE) and V are stored in the
 format (kvcost.models.decoders.StoredCache: every query reads the stored values, as llama.cpp's cache
 does; block formats cut K's blocks in llama.cpp's channel order, ``<format>@hf`` in transformers' —
@@ -43,7 +45,6 @@ from kvcost.paths import repo_root
 from kvcost.script_args import checked, int_at_least
 
 ROOT = repo_root()
-TEXT = decoders.TEXT
 OUT = ROOT / "data" / "real_model" / "ppl_windows.csv"
 #: Where each decoder's rows go by default.
 #: Each decoder's default output: ppl_windows.csv in its results folder (kvcost.models.decoders.Decoder.data).
@@ -68,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="only these windows (0-based; a sweep runs one window per run)")
     ap.add_argument("--formats", type=checked(decoders.parse_format), nargs="+", default=DEFAULT_FORMATS,
                     help="storage formats (fp32 and fp16, the references, are always run)")
+    ap.add_argument("--text", choices=list(decoders.TEXTS), default=decoders.DEFAULT_TEXT,
+                    help="the text the windows are cut from (default %(default)s; data/text/README.md)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", choices=list(decoders.DECODERS), default=decoders.DEFAULT_DECODER,
                     help="the decoder (default %(default)s)")
@@ -103,17 +106,20 @@ def main(argv: list[str] | None = None) -> int:
 
     dec = decoders.decoder(args.model)
     model, tok = decoders.load(dec.name, args.threads, attention=args.attention)
-    ids = tok(provenance.checked(TEXT).read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+    text = decoders.TEXTS[args.text]
+    ids = tok(provenance.checked(text).read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
     bos = tok.bos_token_id if dec.bos_first else None
     if len(ids) < args.tokens:
-        raise SystemExit(f"real_model_ppl.py: error: --tokens {args.tokens}: the text has only {len(ids)} tokens")
+        raise SystemExit(f"real_model_ppl.py: error: --tokens {args.tokens}: the text {args.text} has only "
+                         f"{len(ids)} tokens" + ("" if args.text != decoders.DEFAULT_TEXT else
+                                                 "; --text pride_and_prejudice_full is the whole novel"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     provenance.write_run(
         args.out.with_suffix(".json"), started=True,
         command="python scripts/real_model_ppl.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         versions=decoders.versions(dec.name), note={
             "gguf_sha256": provenance.sha256(decoders.gguf_path(dec.name)),
-            "text": str(TEXT.relative_to(ROOT)), "text_sha256": provenance.sha256(TEXT), "text_tokens": len(ids),
+            "text": str(text.relative_to(ROOT)), "text_sha256": provenance.sha256(text), "text_tokens": len(ids),
             **({} if dec.name == decoders.DEFAULT_DECODER else {
                 "model": dec.name, "gguf": dec.gguf, "attention": args.attention, "bos_first": dec.bos_first,
                 "row_chunk": args.row_chunk, "git_commit": provenance.git_commit(), "terms": dec.terms})})

@@ -1,30 +1,32 @@
-"""Write the long English text the real-decoder runs read: data/text/pride_and_prejudice.txt.
+"""Write the long English texts the real-decoder runs read: data/text/pride_and_prejudice{,_full}.txt.
 
     apt-get download r-cran-janeaustenr && dpkg-deb -x r-cran-janeaustenr_1.0.0-1_all.deb deb
     python scripts/real_model_text.py deb/usr/lib/R/site-library/janeaustenr/data/Rdata
     python -m kvcost.runs.real_model_text deb/usr/lib/R/site-library/janeaustenr/data/Rdata   # the same job
 
-Jane Austen, *Pride and Prejudice* (1813, public domain), title to mid chapter 11: the first
-``LINES`` lines of the ``prideprejudice`` character vector in the Debian package
+Jane Austen, *Pride and Prejudice* (1813, public domain): ``pride_and_prejudice.txt`` is title to mid
+chapter 11, the first 2,000 lines, and ``pride_and_prejudice_full.txt`` the whole novel (for windows of
+8k and 32k tokens), of the ``prideprejudice`` character vector in the Debian package
 ``r-cran-janeaustenr`` 1.0.0-1 (the CRAN package janeaustenr, MIT; texts from Project
 Gutenberg), joined with newlines. R's lazy-load data base is read without R, by the reader in
 :mod:`kvcost.runs.extract_real_kv` (:func:`~kvcost.runs.extract_real_kv.read_novel`). The job stops
-when the digest differs from the recorded one.
+when a file's digest differs from the recorded one.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+from kvcost.models.decoders import TEXTS
 from kvcost.paths import repo_root
 from kvcost.provenance import sha256
 from kvcost.runs.extract_real_kv import read_novel
 
 ROOT = repo_root()
-OUT = ROOT / "data" / "text" / "pride_and_prejudice.txt"
 NOVEL = "prideprejudice"
-LINES = 2000
-TEXT_SHA256 = "af15c200f75ddd6a19305791a3eb816cd52e2f70b7318f33d72cd8d9f74eaa7c"
+#: Each text (:data:`kvcost.models.decoders.TEXTS`): its first lines of the novel (None: all) and its sha256.
+WRITTEN = {"pride_and_prejudice": (2000, "af15c200f75ddd6a19305791a3eb816cd52e2f70b7318f33d72cd8d9f74eaa7c"),
+           "pride_and_prejudice_full": (None, "dfc684d4f857fa938268f9ab9c5567b64bd0691251eca959644adeabe6287a4d")}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,14 +40,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     rdata = parse_args(argv).rdata
-    lines = read_novel(rdata, NOVEL)
-    text = "\n".join(lines[:LINES]).rstrip("\n") + "\n"
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text, encoding="utf-8")
-    digest = sha256(OUT)
-    print(f"wrote {OUT.relative_to(ROOT)}: {LINES} lines, {len(text)} characters, sha256 {digest}")
-    if TEXT_SHA256 and digest != TEXT_SHA256:
-        sys.exit(f"text digest differs from the recorded {TEXT_SHA256}")
+    novel = read_novel(rdata, NOVEL)
+    for name, (lines, recorded) in WRITTEN.items():
+        out = TEXTS[name]
+        text = "\n".join(novel[:lines]).rstrip("\n") + "\n"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        digest = sha256(out)
+        print(f"wrote {out.relative_to(ROOT)}: {len(novel[:lines])} lines, {len(text)} characters, sha256 {digest}")
+        if digest != recorded:
+            sys.exit(f"{out.name}: digest differs from the recorded {recorded}")
     return 0
 
 
