@@ -6,6 +6,7 @@ import pytest
 
 from kvcost.claims import long_range_needle as claims
 from kvcost.experiments import real_decoder_passkey as pk
+from kvcost.retrieval import ruler
 
 torch = pytest.importorskip("torch")
 
@@ -16,7 +17,7 @@ class Tok:                                         # one id per character: lengt
 
 
 def test_the_prompt_knows_where_its_needle_is():
-    p = pk.build_prompt(Tok(), 2000, 0.3, seed=4)
+    p = ruler.build_prompt(Tok(), 2000, 0.3, seed=4)
     a, b = p.needle
     assert "".join(map(chr, p.prefix[a:b])) == f" One of the special magic numbers for {p.key} is: {p.value}."
 

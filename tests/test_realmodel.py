@@ -15,7 +15,7 @@ from kvcost.experiments import real_decoder as real
 from kvcost.experiments import real_decoder_passkey as pk
 from kvcost.models import decoders
 from kvcost.paths import repo_root
-from kvcost.retrieval import collapse
+from kvcost.retrieval import collapse, ruler
 from kvcost.storage import quant
 
 RNG = np.random.default_rng(3)
@@ -382,11 +382,11 @@ def test_passkey_prompt_and_variants():
     class Tok:                                     # one id per character: lengths are exact
         def __call__(self, s, add_special_tokens=False):
             return {"input_ids": [ord(c) for c in s]}
-    p = pk.build_prompt(Tok(), 2000, 0.5, seed=4)
+    p = ruler.build_prompt(Tok(), 2000, 0.5, seed=4)
     text = "".join(map(chr, p.prefix + p.tail))
     assert f"special magic numbers for {p.key} is: {p.value}." in text
     assert text.endswith(" " + p.value) and p.n_answer == len(p.value) + 1
-    start = text.index(pk.HAYSTACK)                # depth is measured within the haystack (RULER)
+    start = text.index(ruler.HAYSTACK)                # depth is measured within the haystack (RULER)
     assert abs((text.index(p.value) - start) / (len(p.prefix) - start) - 0.5) < 0.05
     assert 1800 < len(text) <= 2000
     assert pk.parse_variant("fa3:frac_bits=7,flush_every=1") == ("fa3", {"frac_bits": 7, "flush_every": 1})
@@ -398,7 +398,7 @@ def test_passkey_prompt_and_variants():
         with pytest.raises(ValueError):
             pk.parse_variant(bad)
     with pytest.raises(ValueError, match="'depth'"):
-        pk.build_prompt(Tok(), 100, 1.5, seed=0)
+        ruler.build_prompt(Tok(), 100, 1.5, seed=0)
 
 
 def test_passkey_prompt_follows_the_decoders_template():
@@ -407,8 +407,8 @@ def test_passkey_prompt_follows_the_decoders_template():
 
         def __call__(self, s, add_special_tokens=False):
             return {"input_ids": [ord(c) for c in s]}
-    chat = pk.build_prompt(Tok(), 2000, 0.3, seed=4)
-    base = pk.build_prompt(Tok(), 2000, 0.3, seed=4, model="gemma3-270m")
+    chat = ruler.build_prompt(Tok(), 2000, 0.3, seed=4)
+    base = ruler.build_prompt(Tok(), 2000, 0.3, seed=4, model="gemma3-270m")
     assert (chat.key, chat.value) == (base.key, base.value)          # the same trial, two wrappings
     text = "".join(map(chr, chat.prefix + chat.tail))
     assert text.startswith("<|im_start|>system\n") and "<|im_start|>assistant\nThe special magic" in text
@@ -422,7 +422,7 @@ def test_passkey_prompt_follows_the_decoders_template():
             f" One of the special magic numbers for {p.key} is: {p.value}."
     assert abs(len(base.prefix) + len(base.tail) - (len(chat.prefix) + len(chat.tail))) < 200
     with pytest.raises(ValueError, match=r"'model'.*smollm2-135m"):
-        pk.build_prompt(Tok(), 2000, 0.3, seed=4, model="llama")
+        ruler.build_prompt(Tok(), 2000, 0.3, seed=4, model="llama")
 
 
 def test_multikey_prompt_is_rulers_niah_multikey_2():
@@ -431,7 +431,7 @@ def test_multikey_prompt_is_rulers_niah_multikey_2():
 
         def __call__(self, s, add_special_tokens=False):
             return {"input_ids": [ord(c) for c in s]}
-    p = pk.build_prompt(Tok(), 3000, 0.25, seed=7, model="gemma3-270m", task="niah_multikey_2")
+    p = ruler.build_prompt(Tok(), 3000, 0.25, seed=7, model="gemma3-270m", task="niah_multikey_2")
     assert p.prefix[0] == 2
     text = "".join(map(chr, p.prefix[1:] + p.tail))
     assert text.startswith("A special magic number is hidden within the following text. Make sure to memorize it. "
@@ -450,9 +450,9 @@ def test_multikey_prompt_is_rulers_niah_multikey_2():
     with pytest.raises(ValueError, match="'task'"):
         pk.results_name("niah_multivalue")
     with pytest.raises(ValueError, match="'task'"):
-        pk.build_prompt(Tok(), 3000, 0.25, seed=7, task="niah_multivalue")
+        ruler.build_prompt(Tok(), 3000, 0.25, seed=7, task="niah_multivalue")
     with pytest.raises(ValueError, match=r"'context'.*distinct keys"):
-        pk.build_prompt(Tok(), 200_000, 0.25, seed=7, task="niah_multikey_2")
+        ruler.build_prompt(Tok(), 200_000, 0.25, seed=7, task="niah_multikey_2")
 
 
 # ------------------------------------------------------------------ the committed results
@@ -775,8 +775,10 @@ def test_chunked_window_metrics_equal_the_whole_matrix():
         refs = [torch.log_softmax(Net.lm_head(hidden[r]).double(), -1) for r in ("fp32", "fp16")]
         whole = decoders.token_metrics(Net.lm_head(hidden["q4_0"]), targets, refs)
     q = got["q4_0"]
-    assert q["n"] == 37 and q["nll_sum"] == pytest.approx(float(whole["nll"].sum()), rel=1e-12)
-    assert q["kl_fp32_sum"] == pytest.approx(float(whole["kl0"].sum()), rel=1e-9) and q["kl_fp32_sum"] > 0
+    # the same sums to the float32 rounding of the logits: a matmul of 10 rows may block (and round) its
+    # products differently from one of 37 (seen here: 2e-9 relative), so bit-equality is not what it promises
+    assert q["n"] == 37 and q["nll_sum"] == pytest.approx(float(whole["nll"].sum()), rel=1e-6)
+    assert q["kl_fp32_sum"] == pytest.approx(float(whole["kl0"].sum()), rel=1e-5) and q["kl_fp32_sum"] > 0
     assert (q["top1_fp32"], q["top1_fp16"]) == (int(whole["top1_0"].sum()), int(whole["top1_1"].sum()))
     assert q["correct"] == int((whole["argmax"] == targets.numpy()).sum())
     assert got["fp32"]["kl_fp32_sum"] == 0.0 and got["fp32"]["top1_fp32"] == 37

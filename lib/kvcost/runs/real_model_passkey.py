@@ -24,6 +24,7 @@ from kvcost import provenance
 from kvcost.experiments import real_decoder_passkey as pk
 from kvcost.models import decoders
 from kvcost.paths import repo_root
+from kvcost.retrieval import ruler
 from kvcost.script_args import checked, int_at_least
 
 ROOT = repo_root()
@@ -45,9 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The checked command line (a sweep checks each run's flags with it before anything runs):
     adds ``trial_list``, the trials to run."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=list(pk.TEMPLATES), default=decoders.DEFAULT_DECODER,
+    ap.add_argument("--model", choices=list(ruler.TEMPLATES), default=decoders.DEFAULT_DECODER,
                     help="the real decoder (kvcost.models.decoders.DECODERS)")
-    ap.add_argument("--task", choices=list(pk.TASKS), default="niah_single_1",
+    ap.add_argument("--task", choices=list(ruler.TASKS), default="niah_single_1",
                     help="the RULER task (kvcost.experiments.real_decoder_passkey.TASKS; default niah_single_1)")
     ap.add_argument("--context", type=int_at_least(256), nargs="+", required=True, help="prompt lengths in tokens")
     ap.add_argument("--trials", type=int_at_least(1), default=20, help="trials per context: depth (i + 0.5) / trials")
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not todo:
                     continue
                 depth = (i + 0.5) / args.trials
-                prompt = pk.build_prompt(tok, c, depth, seed=1000 * c + i, model=args.model, task=args.task)
+                prompt = ruler.build_prompt(tok, c, depth, seed=1000 * c + i, model=args.model, task=args.task)
                 results = pk.run_trial(model, attn, prompt, todo)
                 for v in todo:
                     res = results[v]
