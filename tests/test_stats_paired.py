@@ -33,3 +33,21 @@ def test_detectable_loss_grows_with_the_family():
     assert stats.detectable_loss(20, [0] * 12) == 6            # 2·2^-6 = 0.031 < 0.05
     assert stats.detectable_loss(20, [9] * 12) == 9            # 12 rows that could: 2·2^-9 < 0.05/12 < 2·2^-8
     assert stats.detectable_loss(5, [0]) is None               # the reference retrieved 5: no loss of 6 exists
+
+
+def test_paired_shift_is_the_mean_difference_with_an_interval_that_covers_a_known_shift():
+    import numpy as np
+
+    ref = np.random.default_rng(1).normal(0.0, 1.0, 40)
+    one = stats.paired_shift(ref - 0.3, ref)                 # every trial moved by exactly -0.3
+    assert one["shift"] == pytest.approx(-0.3) and one["shift_lo"] == pytest.approx(-0.3)
+    assert one["shift_hi"] == pytest.approx(-0.3)
+    noisy = ref - 0.3 + np.random.default_rng(2).normal(0.0, 0.2, 40)
+    t = stats.paired_shift(noisy, ref)
+    assert t["shift_lo"] < -0.3 < t["shift_hi"] < 0 and t == stats.paired_shift(noisy, ref)   # seeded
+    none = stats.paired_shift(ref + np.random.default_rng(3).normal(0.0, 0.2, 40), ref)
+    assert none["shift_lo"] < 0 < none["shift_hi"]
+    with pytest.raises(ValueError, match="'mine' and 'ref'"):
+        stats.paired_shift([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="finite"):
+        stats.paired_shift([float("nan")], [1.0])

@@ -34,6 +34,25 @@ def test_against_exact_detects_a_lost_needle_and_says_what_no_detection_means():
     assert two.against_exact(pd.DataFrame()).empty
 
 
+def test_against_exact_reports_the_margin_shift_apart_and_sees_it_where_exact_never_retrieves():
+    """Exact attention retrieving none: no loss is countable, but a kernel that lowers every trial's answer margin
+    by 0.3 says so through the margin, and one that leaves it is centred on zero."""
+    import numpy as np
+
+    base = np.random.default_rng(0).normal(-1.5, 0.5, 20)
+    rows = pd.DataFrame([{"context": 16384, "trial": i, "variant": v, "success": 0, "margin": m}
+                         for v, ms in {"exact": base, "fa3": base - 0.3,
+                                       "fa3:flush_every=1": base + np.random.default_rng(1).normal(0, 0.05, 20)}.items()
+                         for i, m in enumerate(ms)])
+    t = two.against_exact(rows).set_index("variant")
+    assert list(t.columns[-4:]) == ["margin_shift", "margin_lo", "margin_hi", "verdict"]
+    assert t.loc["fa3", "margin_shift"] == pytest.approx(-0.3) and t.loc["fa3", "margin_hi"] == pytest.approx(-0.3)
+    assert t.loc["fa3:flush_every=1", "margin_lo"] < 0 < t.loc["fa3:flush_every=1", "margin_hi"]
+    assert (t["lost"] == 0).all() and t["verdict"].str.endswith("(no loss this small a grid could detect)").all()
+    no_margin = two.against_exact(rows.drop(columns="margin"))
+    assert no_margin["margin_shift"].isna().all() and len(no_margin) == 2
+
+
 def test_rank_agreement_knows_the_same_and_the_reversed_order():
     fmts = [f"f{i}" for i in range(8)]
     same = pd.DataFrame({"format": fmts * 2, "model": ["a"] * 8 + ["b"] * 8, "rank": list(range(1, 9)) * 2})
@@ -169,3 +188,35 @@ def test_the_published_register_loss_comes_from_the_data_file():
          "n_lo": 122880.0, "n_hi": 139264.0}
     assert claims.law_reading({"smollm2-135m": d}).agrees is True
     assert claims.law_reading({"smollm2-135m": dict(d, n_lo=140000.0, n_hi=150000.0)}).agrees is False
+
+
+def _margins(context: int, cost: float, restored: float, n: int = 20, seed: int = 0) -> pd.DataFrame:
+    """A grid whose FA3 lowers every trial's margin by ``cost`` and whose fixes give back ``restored`` of it."""
+    import numpy as np
+
+    base = np.random.default_rng(seed).normal(0.5, 0.5, n)
+    jitter = np.random.default_rng(seed + 1).normal(0, 0.01, n)
+    margins = {"exact": base, "fa3": base - cost + jitter}
+    margins |= {v: base - cost * (1 - restored) + jitter for v in two.KERNEL_FIXES}
+    return pd.DataFrame([{"context": context, "trial": i, "variant": v, "success": int(m > 0), "margin": m}
+                         for v, ms in margins.items() for i, m in enumerate(ms)])
+
+
+def test_margin_against_pairs_any_reference_and_the_kernel_cost_reading_knows_both_answers():
+    rows = _margins(4096, 0.4, 0.0)
+    fixes = two.margin_against(rows, "fa3", two.KERNEL_FIXES)
+    assert list(fixes["variant"]) == sorted(two.KERNEL_FIXES) and (fixes["ref"] == "fa3").all()
+    assert fixes["shift"].abs().max() < 1e-12                         # the fixes are FA3, trial by trial
+    cost = two.margin_against(rows, "exact", ["fa3"]).iloc[0]
+    assert cost["shift"] == pytest.approx(-0.4, abs=0.01) and cost["hi"] < -0.39
+    assert two.margin_against(rows, "exact", ["fa3"], min_trials=21).empty
+    assert two.margin_against(rows.drop(columns="margin"), "exact", ["fa3"]).empty
+    # the fixes restore nothing: the cost is not accumulation's; they restore 90%: it is
+    none = claims.kernel_cost_reading({"gemma3-270m": rows})
+    assert none.agrees is False and "FA3 -0.40" in none.computed and "0% of the cost" in none.computed
+    most = claims.kernel_cost_reading({"gemma3-270m": _margins(16384, 0.4, 0.9)})
+    assert most.agrees is True and "90% of the cost" in most.computed
+    # one context each way: the runs do not decide; no cost at all: nothing to read
+    mixed = pd.concat([rows, _margins(16384, 0.4, 0.9)])
+    assert claims.kernel_cost_reading({"gemma3-270m": mixed}).agrees is None
+    assert claims.kernel_cost_reading({"gemma3-270m": _margins(4096, 0.0, 0.0)}) is None

@@ -16,7 +16,7 @@ import math
 import numbers
 
 __all__ = ["Z95", "wilson", "rate_text", "intervals_overlap", "mcnemar_exact", "mcnemar_min_p", "holm",
-           "paired_binary", "paired_losses", "detectable_loss", "clustered_rate", "clustered_rate_text"]
+           "paired_binary", "paired_losses", "detectable_loss", "paired_shift", "clustered_rate", "clustered_rate_text"]
 
 Z95 = 1.959963984540054   # the standard normal's 97.5% quantile
 
@@ -146,6 +146,26 @@ def detectable_loss(ref_successes: int, discordant: object, alpha: float = 0.05)
     ``ref_successes`` times; None when no loss that size could be (what "no loss detected" could have seen)."""
     m = max(1, sum(mcnemar_min_p(int(d)) < alpha for d in discordant))  # type: ignore[union-attr]
     return next((d for d in range(1, int(ref_successes) + 1) if mcnemar_exact(d, 0) < alpha / m), None)
+
+
+def paired_shift(mine: object, ref: object, resamples: int = 10_000, seed: int = 0) -> dict:
+    """The mean paired difference ``mine - ref`` of a continuous outcome on the same trials (equal-length
+    sequences, trial by trial): ``shift``, and ``shift_lo``/``shift_hi``, the 95% percentile bootstrap interval
+    over trials (``resamples`` draws of the trials with replacement, seeded: the same numbers every run)."""
+    import numpy as np
+
+    a = np.asarray(mine, dtype=np.float64)
+    b = np.asarray(ref, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1 or not len(a):
+        raise ValueError(f"parameters 'mine' and 'ref' must pair trial by trial, got {a.shape} and {b.shape}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("parameters 'mine' and 'ref' must be finite")
+    if resamples < 100:
+        raise ValueError(f"parameter 'resamples' must be at least 100, got {resamples!r}")
+    d = a - b
+    draws = np.random.default_rng(seed).integers(0, len(d), size=(resamples, len(d)))
+    lo, hi = np.quantile(d[draws].mean(axis=1), [0.025, 0.975])
+    return {"shift": float(d.mean()), "shift_lo": float(lo), "shift_hi": float(hi)}
 
 
 def _wilson_real(k: float, n: float, z: float) -> tuple[float, float]:

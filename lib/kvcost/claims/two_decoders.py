@@ -9,6 +9,8 @@ finding that holds on one model only says so:
 - whether a format's storage loss ranks the same on both (Spearman's ρ over the formats both ran);
 - the post's division of symptoms: the FP8 kernels' and the stored formats' passkey against exact attention on
   the same trials, per decoder, "loss detected" or "no loss detected at n = …" with what loss was detectable;
+- what the FP8 kernel costs the answer's logit margin at each context, and how much of it vLLM's fixes (which
+  change accumulation only) restore: the part of the cost that is accumulation's, apart from the FP8 operands';
 - the n·2^-b law per decoder: where a 13-bit register would lose the passkey, with its interval, or that the rows
   cannot say.
 """
@@ -27,7 +29,7 @@ from kvcost.inputs import post
 from kvcost.models import decoders
 
 __all__ = ["printed", "readings", "errata", "verdict", "q8_0_reading", "ranking_reading", "retrieval_reading",
-           "effects_reading", "law_reading", "k_axis_reading"]
+           "effects_reading", "law_reading", "k_axis_reading", "kernel_cost_reading"]
 
 
 def printed() -> list[Check]:
@@ -134,6 +136,47 @@ def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str, task: str 
     return Check(READING, claim, "not lost" if kind == "kernel" else "drift, not a lost needle", "; ".join(parts),
                  agrees,
                  f"exact McNemar against exact attention on the same trials, Holm–Tarone per decoder; n ≥ {n_min}")
+
+
+def _shift_text(shift: float, lo: float, hi: float) -> str:
+    return f"{shift:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def kernel_cost_reading(rows: Mapping[str, pd.DataFrame], min_trials: int = 20, share: float = 0.5) -> Check | None:
+    """Is the FP8 kernel's cost accumulation's, as the post has it (two-level accumulation restores it)? On each
+    decoder's passkey grid (``rows``: decoder name → rows with ``margin``) and context, the kernel without a fix
+    (``fa3``) against exact attention by the answer's logit margin, and each fix that changes only accumulation
+    (kvcost.experiments.two_decoders.KERNEL_FIXES) against ``fa3`` on the same trials. Where the kernel's cost is
+    detected (its interval below zero), the fix restoring most restores ``share`` of it or more (its interval's
+    low end at least ``share`` of the cost: holds), less (its high end below: does not hold at that context), or
+    the runs cannot say. Holds where it holds at every context; does not where it fails at one and holds at none."""
+    parts, calls = [], []
+    for model, r in rows.items():
+        cost = two.margin_against(r, "exact", ["fa3"], min_trials)
+        fixes = two.margin_against(r, "fa3", two.KERNEL_FIXES, min_trials)
+        for c in cost.itertuples():
+            f = fixes[fixes["context"] == c.context]
+            if f.empty:
+                continue
+            best = f.loc[f["shift"].idxmax()]
+            text = (f"{_title(model)} at {c.context:,}: FA3 {_shift_text(c.shift, c.lo, c.hi)} against exact")
+            if c.hi >= 0:
+                parts.append(text + " (no cost detected)")
+                continue
+            need = share * -c.shift
+            calls.append(True if best["lo"] >= need else False if best["hi"] < need else None)
+            parts.append(text + f", the best fix ({best['variant'].split(':', 1)[1]}) "
+                         f"{_shift_text(best['shift'], best['lo'], best['hi'])} against FA3, "
+                         f"{best['shift'] / -c.shift:.0%} of the cost")
+    if not calls:
+        return None
+    agrees = (True if all(c is True for c in calls) else
+              False if False in calls and True not in calls else None)
+    return Check(READING, "vLLM's accumulation fixes restore most of what the FP8 kernel costs the answer "
+                          "(the post: two-level accumulation restores the needle retrieval the FP8 path lost)",
+                 f"at least {share:.0%} of the margin the kernel costs", "; ".join(parts), agrees,
+                 f"the answer's logit margin (least over its tokens), mean paired shift with a 95% bootstrap "
+                 f"interval over the same trials; n ≥ {min_trials}")
 
 
 def _split_row(t: pd.DataFrame, haystack: float, needle: float) -> pd.Series | None:
@@ -259,13 +302,15 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
              alpha: float = 0.05, permutations: int = 20_000,
              effects: Mapping[str, pd.DataFrame] | None = None, axes: pd.DataFrame | None = None,
              windows: Mapping[str, pd.DataFrame] | None = None,
-             multikey: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
+             multikey: Mapping[str, pd.DataFrame] | None = None,
+             margins: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
     """The readings on both decoders: :func:`q8_0_reading`, :func:`ranking_reading`, with the passkey grids
     against exact (``against``; ``multikey``: the niah_multikey_2 grids') :func:`retrieval_reading` for the kernels
     and for storage, with each decoder's split
     grid (``effects``) :func:`effects_reading`, with each decoder's collapse summary (``laws``)
     :func:`law_reading`, and with the axis test on each decoder's extract (``axes``) :func:`k_axis_reading` (its
-    end-to-end KL from ``windows``, decoder name → per-window rows)."""
+    end-to-end KL from ``windows``, decoder name → per-window rows), and with the passkey rows themselves
+    (``margins``, decoder name → rows) :func:`kernel_cost_reading`."""
     out = [q8_0_reading(fmt_tables, context), ranking_reading(side, alpha, permutations)]
     if axes is not None:
         out.append(k_axis_reading(axes, windows, context))
@@ -274,6 +319,8 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
     if multikey:
         out += [retrieval_reading(multikey, "kernel", "niah_multikey_2"),
                 retrieval_reading(multikey, "stored", "niah_multikey_2")]
+    if margins:
+        out.append(kernel_cost_reading(margins))
     if effects:
         out.append(effects_reading(effects, alpha=alpha))
     if laws:
@@ -291,7 +338,8 @@ def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.Dat
             context: int, against: Mapping[str, pd.DataFrame] | None = None,
             laws: Mapping[str, dict] | None = None, alpha: float = 0.05, permutations: int = 20_000,
             effects: Mapping[str, pd.DataFrame] | None = None, axes: pd.DataFrame | None = None,
-            multikey: Mapping[str, pd.DataFrame] | None = None) -> Verdict:
+            multikey: Mapping[str, pd.DataFrame] | None = None,
+            margins: Mapping[str, pd.DataFrame] | None = None) -> Verdict:
     """Notebook 08b's verdict: :func:`readings`, then where FP4 sits on each decoder
     (kvcost.claims.real_decoder.fp4_placement, ``windows``: decoder name → its per-window rows) and the runs
     behind them. ``fmt_tables``: decoder name → the rows its engines store
@@ -306,7 +354,7 @@ def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.Dat
         for m, a in against.items() if not a.empty) + "."
     extra = "\n\n".join([f for f in fp4 if f] + [f"Runs committed: {runs}.{grids}"])
     checks = readings(fmt_tables, side, context, against, laws, alpha, permutations, effects, axes, windows,
-                      multikey)
+                      multikey, margins)
     undecided = [c for c in checks if c.agrees is None]
     if undecided:       # a reading the grids cannot decide is said, apart from those that hold or do not
         extra = ("**Not shown** (the runs cannot decide): " + "; ".join(f"*{c.claim}* — {c.computed}"

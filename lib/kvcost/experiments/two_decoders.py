@@ -11,6 +11,8 @@ Notebook 08 computes each decoder's tables (kvcost.experiments.real_decoder); th
 - :func:`rank_agreement`: whether the formats rank alike on the two (Spearman's ρ, a permutation p);
 - :func:`against_exact`: every passkey variant against exact attention on the same trials (exact McNemar,
   Holm–Tarone over the family), with what loss the test could have detected where it detects none;
+- :func:`margin_against`: the answer's logit margin of variants against any reference variant on the same
+  trials (a mean paired shift with its bootstrap interval): what vLLM's fixes change against the kernel without one;
 - :func:`structure`: the K/V structure per decoder and layer type (the outlier channels before and after RoPE
   and, for Gemma, after QK-norm).
 
@@ -35,7 +37,8 @@ from kvcost.provenance import checked
 
 __all__ = ["DECODERS", "results_path", "windows_name", "load_results", "load_provenance", "run_command", "UNIT_GRID",
            "passkey_rows", "storage_name", "engine_rows", "storage_side_by_side", "rank_agreement", "against_exact",
-           "PROPAGATION", "propagation_rows", "structure", "load_extract", "axis_by_decoder"]
+           "margin_against", "KERNEL_FIXES", "PROPAGATION", "propagation_rows", "structure", "load_extract",
+           "axis_by_decoder"]
 
 #: The decoders compared, in the order they are shown (kvcost.models.decoders.DECODERS names).
 DECODERS = ("smollm2-135m", "gemma3-270m")
@@ -199,15 +202,20 @@ def against_exact(rows: pd.DataFrame, context: int | None = None, alpha: float =
     Tarone's refinement (a row with too few discordant trials to ever reach significance does not count) and
     more trials lost than gained — and ``detectable``: the fewest trials lost (none gained) that would have been
     rejected as the first of that family (``None`` when no loss of n trials could be). ``verdict`` says "loss
-    detected" or "no loss detected at n = …". ``rows``: a passkey grid (``context, trial, variant, success``);
-    ``context`` restricts it to one context."""
+    detected" or "no loss detected at n = …". Where the grid has the answer's logit ``margin`` (its value token's
+    logit over the best other token's, the least over the answer's tokens: positive when retrieved), the separate
+    continuous effect: ``margin_shift``, the mean paired change against exact, with the 95% bootstrap interval
+    ``margin_lo``/``margin_hi`` (:func:`kvcost.stats.paired_shift`) — what moves the answer where exact attention
+    retrieves too few for a loss to be countable. ``rows``: a passkey grid (``context, trial, variant, success``
+    [, ``margin``]); ``context`` restricts it to one context."""
     cols = ["context", "variant", "trials", "successes", "lo", "hi", "exact_successes", "lost", "gained", "p_value",
-            "loses_needle", "detectable", "verdict"]
+            "loses_needle", "detectable", "margin_shift", "margin_lo", "margin_hi", "verdict"]
     if rows.empty:
         return pd.DataFrame(columns=cols)
     if context is not None:
         rows = rows[rows["context"] == context]
-    exact = rows[rows["variant"] == "exact"].set_index(["context", "trial"])["success"]
+    exact_rows = rows[rows["variant"] == "exact"].set_index(["context", "trial"])
+    exact = exact_rows["success"]
     out = []
     for (c, v), g in rows[rows["variant"] != "exact"].groupby(["context", "variant"], sort=False):
         g = g[[(c, t) in exact.index for t in g["trial"]]]
@@ -215,20 +223,51 @@ def against_exact(rows: pd.DataFrame, context: int | None = None, alpha: float =
             continue
         ref = exact.loc[[(c, t) for t in g["trial"]]].to_numpy()
         one = stats.paired_binary(g["success"].to_numpy(), ref)
-        out.append({"context": int(c), "variant": v} | one | {"exact_successes": one["ref_successes"]})
-    t = pd.DataFrame(out, columns=cols[:10])
+        shift = {}
+        if "margin" in g:
+            m = stats.paired_shift(g["margin"].to_numpy(), exact_rows.loc[[(c, t) for t in g["trial"]], "margin"])
+            shift = {"margin_shift": m["shift"], "margin_lo": m["shift_lo"], "margin_hi": m["shift_hi"]}
+        out.append({"context": int(c), "variant": v} | one | {"exact_successes": one["ref_successes"]} | shift)
+    t = pd.DataFrame(out, columns=cols[:10] + cols[12:15])
     if t.empty:
         return pd.DataFrame(columns=cols)
     t["loses_needle"] = stats.paired_losses(t["lost"], t["gained"], alpha)
     discordant = (t["lost"] + t["gained"]).tolist()
     t["detectable"] = pd.array([stats.detectable_loss(e, discordant, alpha) for e in t["exact_successes"]],
                                dtype="Int64")
+    t = t[cols[:-1]]
     t["verdict"] = [("loss detected" if r.loses_needle else
                      f"no loss detected at n = {r.trials}" + (f" (a loss of {int(r.detectable)} trials would have "
                                                               "been detected)" if pd.notna(r.detectable) else
                                                               " (no loss this small a grid could detect)"))
                     for r in t.itertuples()]
     return t
+
+
+#: The variants that change only the FP8 kernel's accumulation, each against the kernel without a fix (``fa3``):
+#: vLLM's PR #104 (flush the P·V register every tile), PR #122 (every 4 tiles), and Blackwell's 25-bit unit.
+KERNEL_FIXES = ("fa3:flush_every=1", "fa3:flush_every=4", "fa3:arch=Blackwell")
+
+
+def margin_against(rows: pd.DataFrame, ref: str, variants: tuple[str, ...] | list[str],
+                   min_trials: int = 1) -> pd.DataFrame:
+    """Each of ``variants`` against variant ``ref`` on the same trials, per context, by the answer's logit margin:
+    ``trials`` paired, ``shift`` (the mean of variant − ``ref``) and its 95% bootstrap interval ``lo``/``hi``
+    (:func:`kvcost.stats.paired_shift`). A cell with fewer than ``min_trials`` paired trials is left out.
+    ``rows``: a passkey grid with a ``margin`` column."""
+    cols = ["context", "variant", "ref", "trials", "shift", "lo", "hi"]
+    if rows.empty or "margin" not in rows:
+        return pd.DataFrame(columns=cols)
+    base = rows[rows["variant"] == ref].set_index(["context", "trial"])["margin"]
+    out = []
+    for (c, v), g in rows[rows["variant"].isin(list(variants))].groupby(["context", "variant"], sort=False):
+        g = g[[(c, t) in base.index for t in g["trial"]]]
+        if len(g) < max(1, min_trials):
+            continue
+        m = stats.paired_shift(g["margin"].to_numpy(), base.loc[[(c, t) for t in g["trial"]]].to_numpy())
+        out.append({"context": int(c), "variant": v, "ref": ref, "trials": len(g), "shift": m["shift"],
+                    "lo": m["shift_lo"], "hi": m["shift_hi"]})
+    return pd.DataFrame(out, columns=cols).sort_values(["context", "variant"], ignore_index=True)
 
 
 def structure(heads: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
