@@ -37,7 +37,7 @@ from kvcost.provenance import checked
 
 __all__ = ["DECODERS", "results_path", "windows_name", "load_results", "load_provenance", "run_command", "UNIT_GRID",
            "passkey_rows", "storage_name", "engine_rows", "storage_side_by_side", "rank_agreement", "against_exact",
-           "margin_against", "KERNEL_FIXES", "PROPAGATION", "propagation_rows", "structure", "load_extract",
+           "margin_against", "KERNEL_FIXES", "kernel_margins", "PROPAGATION", "propagation_rows", "structure", "load_extract",
            "axis_by_decoder"]
 
 #: The decoders compared, in the order they are shown (kvcost.models.decoders.DECODERS names).
@@ -268,6 +268,14 @@ def margin_against(rows: pd.DataFrame, ref: str, variants: tuple[str, ...] | lis
         out.append({"context": int(c), "variant": v, "ref": ref, "trials": len(g), "shift": m["shift"],
                     "lo": m["shift_lo"], "hi": m["shift_hi"]})
     return pd.DataFrame(out, columns=cols).sort_values(["context", "variant"], ignore_index=True)
+
+
+def kernel_margins(rows: pd.DataFrame, min_trials: int = 1) -> pd.DataFrame:
+    """What the FP8 kernel and its fixes cost the answer's margin, per context (:func:`margin_against`): the kernel
+    without a fix, each of :data:`KERNEL_FIXES` and K/V stored in fp8 e4m3 (the kernel's operand format, no kernel)
+    against ``exact``; then each fix against ``fa3`` — the part of the kernel's cost that is accumulation's."""
+    against = margin_against(rows, "exact", ["fa3", *KERNEL_FIXES, "store:fp8_e4m3"], min_trials)
+    return pd.concat([against, margin_against(rows, "fa3", KERNEL_FIXES, min_trials)], ignore_index=True)
 
 
 def structure(heads: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
