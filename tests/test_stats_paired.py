@@ -51,3 +51,11 @@ def test_paired_shift_is_the_mean_difference_with_an_interval_that_covers_a_know
         stats.paired_shift([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="finite"):
         stats.paired_shift([float("nan")], [1.0])
+
+
+def test_t95_reads_the_table_conservatively():
+    assert stats.t95(1) == pytest.approx(12.706, abs=1e-3) and stats.t95(3) == pytest.approx(3.182, abs=1e-3)
+    assert stats.t95(3.7) == stats.t95(3) and stats.t95(500) == stats.t95(30) > 1.96
+    for bad in (0, 0.5, float("nan"), "3", True):
+        with pytest.raises(ValueError, match="'df'"):
+            stats.t95(bad)

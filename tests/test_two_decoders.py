@@ -220,3 +220,26 @@ def test_margin_against_pairs_any_reference_and_the_kernel_cost_reading_knows_bo
     mixed = pd.concat([rows, _margins(16384, 0.4, 0.9)])
     assert claims.kernel_cost_reading({"gemma3-270m": mixed}).agrees is None
     assert claims.kernel_cost_reading({"gemma3-270m": _margins(4096, 0.0, 0.0)}) is None
+
+
+def _windows(kl: dict[int, list[float]], fmt: str = "q4_0") -> pd.DataFrame:
+    n = 1000
+    return pd.DataFrame([{"context": c, "window": w, "format": f, "n": n, "kl_fp32_sum": (k if f == fmt else 0.0) * n}
+                         for c, ks in kl.items() for w, k in enumerate(ks) for f in ("fp32", fmt)])
+
+
+def test_storage_growth_is_a_welch_ratio_and_the_reading_knows_kept_grown_and_undecided():
+    flat = two.storage_growth(_windows({2048: [0.10, 0.11, 0.09, 0.10], 8192: [0.10, 0.105, 0.095]}), 2048, 8192)
+    assert list(flat["format"]) == ["q4_0"] and flat.loc[0, "windows_base"] == 4 and flat.loc[0, "windows_longer"] == 3
+    assert flat.loc[0, "ratio"] == pytest.approx(1.0, abs=0.02) and flat.loc[0, "lo"] < 1 < flat.loc[0, "hi"] < 1.5
+    assert claims.growth_reading({"gemma3-270m": flat}).agrees is True
+    grown = two.storage_growth(_windows({2048: [0.10, 0.11, 0.09, 0.10], 8192: [0.30, 0.31, 0.29]}), 2048, 8192)
+    assert grown.loc[0, "ratio"] == pytest.approx(3.0, rel=0.05) and grown.loc[0, "lo"] > 1.5
+    r = claims.growth_reading({"gemma3-270m": grown})
+    assert r.agrees is False and "growth detected for q4_0 ×3.0" in r.computed
+    noisy = two.storage_growth(_windows({2048: [0.10, 0.11, 0.09, 0.10], 8192: [0.05, 0.30]}), 2048, 8192)
+    assert noisy.loc[0, "hi"] > 1.5 and claims.growth_reading({"gemma3-270m": noisy}).agrees is None
+    # one window at the longer context: no interval, no row; the references are not judged
+    assert two.storage_growth(_windows({2048: [0.1, 0.1], 8192: [0.1]}), 2048, 8192).empty
+    assert claims.growth_reading({"gemma3-270m": two.storage_growth(
+        _windows({2048: [0.1, 0.11], 8192: [0.1, 0.11]}, fmt="fp16"), 2048, 8192)}) is None

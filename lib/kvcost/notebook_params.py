@@ -203,6 +203,8 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
     Schema("08b_two_decoders", [
         Int("context", 2048, lo=256, doc="tokens per text window of the storage comparison (a context both "
                                          "decoders' committed windows have)"),
+        Int("long_context", 8192, lo=256, doc="the longer window the storage loss at `context` is set against "
+                                              "(does a stored format's KL grow with the context?)"),
         IntList("passkey_contexts", [4096, 8192, 16384], lo=256, doc="prompt lengths of the passkey comparison (one "
                                                                "family per decoder over them; a context a decoder's "
                                                                "grid lacks is left out for it)"),

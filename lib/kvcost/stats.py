@@ -16,9 +16,23 @@ import math
 import numbers
 
 __all__ = ["Z95", "wilson", "rate_text", "intervals_overlap", "mcnemar_exact", "mcnemar_min_p", "holm",
-           "paired_binary", "paired_losses", "detectable_loss", "paired_shift", "clustered_rate", "clustered_rate_text"]
+           "paired_binary", "paired_losses", "detectable_loss", "paired_shift", "T95", "t95", "clustered_rate",
+           "clustered_rate_text"]
 
 Z95 = 1.959963984540054   # the standard normal's 97.5% quantile
+#: Student t 0.975 quantiles for 1..30 degrees of freedom (scipy.stats.t.ppf(0.975, df)).
+T95 = (12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252, 2.306004135,
+       2.262157163, 2.228138852, 2.200985160, 2.178812830, 2.160368656, 2.144786688, 2.131449546, 2.119905299,
+       2.109815578, 2.100922040, 2.093024054, 2.085963447, 2.079613845, 2.073873068, 2.068657610, 2.063898562,
+       2.059538553, 2.055529439, 2.051830516, 2.048407142, 2.045229642, 2.042272456)
+
+
+def t95(df: float) -> float:
+    """Student t's 97.5% quantile at ``df`` degrees of freedom (at least 1), from :data:`T95`: a fractional ``df``
+    (Welch's) is rounded down and one above 30 read as 30, each a slightly wider interval than the exact one."""
+    if isinstance(df, bool) or not isinstance(df, numbers.Real) or not df >= 1:
+        raise ValueError(f"parameter 'df' must be a number >= 1, got {df!r}")
+    return T95[min(math.floor(df), len(T95)) - 1]
 
 
 def _counts(successes: object, trials: object) -> tuple[int, int]:

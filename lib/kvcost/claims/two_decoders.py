@@ -29,7 +29,7 @@ from kvcost.inputs import post
 from kvcost.models import decoders
 
 __all__ = ["printed", "readings", "errata", "verdict", "q8_0_reading", "ranking_reading", "retrieval_reading",
-           "effects_reading", "law_reading", "k_axis_reading", "kernel_cost_reading"]
+           "effects_reading", "law_reading", "k_axis_reading", "kernel_cost_reading", "growth_reading"]
 
 
 def printed() -> list[Check]:
@@ -136,6 +136,36 @@ def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str, task: str 
     return Check(READING, claim, "not lost" if kind == "kernel" else "drift, not a lost needle", "; ".join(parts),
                  agrees,
                  f"exact McNemar against exact attention on the same trials, Holm–Tarone per decoder; n ≥ {n_min}")
+
+
+def growth_reading(growth: Mapping[str, pd.DataFrame], factor: float = 1.5) -> Check | None:
+    """Storage's loss is per value, so a stored format's KL should not grow with the context (only accumulation's
+    loss grows with n). ``growth``: decoder name → kvcost.experiments.two_decoders.storage_growth (fp16 and bf16,
+    the references' own rounding, left out). Holds where every format's interval excludes growth beyond ``factor``,
+    does not where one's interval lies above ``factor``; otherwise the windows cannot say, and the text gives
+    how many formats each way."""
+    parts, calls = [], []
+    for model, g in growth.items():
+        g = g[~g["format"].isin(["fp16", "bf16"])]
+        if g.empty:
+            continue
+        grows = g[g["lo"] > 1]
+        excluded = int((g["hi"] <= factor).sum())
+        base, longer = int(g["base"].iloc[0]), int(g["longer"].iloc[0])
+        parts.append(f"{_title(model)}, {longer:,} against {base:,} tokens ({int(g['windows_longer'].min())}–"
+                     f"{int(g['windows_base'].max())} windows): KL ratio median ×{g['ratio'].median():.2f} over "
+                     f"{len(g)} formats, growth beyond ×{factor:g} excluded for {excluded}, growth detected for "
+                     + (", ".join(f"{r.format} ×{r.ratio:.2f} [{r.lo:.2f}, {r.hi:.2f}]" for r in grows.itertuples())
+                        if len(grows) else "none"))
+        calls.append(False if (g["lo"] > factor).any() else True if excluded == len(g) else None)
+    if not calls:
+        return None
+    agrees = False if False in calls else True if all(calls) else None
+    return Check(READING, "A stored format's loss does not grow with the context (the post: storage is one loss, "
+                          "accumulation the one that grows with the context)",
+                 f"KL at the longer context within ×{factor:g} of the shorter's", "; ".join(parts), agrees,
+                 "KL to the fp32 cache per scored token, geometric mean over each context's windows, Welch 95% "
+                 "interval on the log ratio (the windows of the two contexts differ: unpaired)")
 
 
 def _shift_text(shift: float, lo: float, hi: float) -> str:
@@ -304,14 +334,16 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
              effects: Mapping[str, pd.DataFrame] | None = None, axes: pd.DataFrame | None = None,
              windows: Mapping[str, pd.DataFrame] | None = None,
              multikey: Mapping[str, pd.DataFrame] | None = None,
-             margins: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
+             margins: Mapping[str, pd.DataFrame] | None = None,
+             growth: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
     """The readings on both decoders: :func:`q8_0_reading`, :func:`ranking_reading`, with the passkey grids
     against exact (``against``; ``multikey``: the niah_multikey_2 grids') :func:`retrieval_reading` for the kernels
     and for storage, with each decoder's split
     grid (``effects``) :func:`effects_reading`, with each decoder's collapse summary (``laws``)
     :func:`law_reading`, and with the axis test on each decoder's extract (``axes``) :func:`k_axis_reading` (its
     end-to-end KL from ``windows``, decoder name → per-window rows), and with the passkey rows themselves
-    (``margins``, decoder name → rows) :func:`kernel_cost_reading`."""
+    (``margins``, decoder name → rows) :func:`kernel_cost_reading`, and with each decoder's storage loss at two
+    contexts (``growth``) :func:`growth_reading`."""
     out = [q8_0_reading(fmt_tables, context), ranking_reading(side, alpha, permutations)]
     if axes is not None:
         out.append(k_axis_reading(axes, windows, context))
@@ -320,6 +352,8 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
     if multikey:
         out += [retrieval_reading(multikey, "kernel", "niah_multikey_2"),
                 retrieval_reading(multikey, "stored", "niah_multikey_2")]
+    if growth:
+        out.append(growth_reading(growth))
     if margins:
         out.append(kernel_cost_reading(margins))
     if effects:
@@ -340,7 +374,8 @@ def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.Dat
             laws: Mapping[str, dict] | None = None, alpha: float = 0.05, permutations: int = 20_000,
             effects: Mapping[str, pd.DataFrame] | None = None, axes: pd.DataFrame | None = None,
             multikey: Mapping[str, pd.DataFrame] | None = None,
-            margins: Mapping[str, pd.DataFrame] | None = None) -> Verdict:
+            margins: Mapping[str, pd.DataFrame] | None = None,
+            growth: Mapping[str, pd.DataFrame] | None = None) -> Verdict:
     """Notebook 08b's verdict: :func:`readings`, then where FP4 sits on each decoder
     (kvcost.claims.real_decoder.fp4_placement, ``windows``: decoder name → its per-window rows) and the runs
     behind them. ``fmt_tables``: decoder name → the rows its engines store
@@ -355,7 +390,7 @@ def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.Dat
         for m, a in against.items() if not a.empty) + "."
     extra = "\n\n".join([f for f in fp4 if f] + [f"Runs committed: {runs}.{grids}"])
     checks = readings(fmt_tables, side, context, against, laws, alpha, permutations, effects, axes, windows,
-                      multikey, margins)
+                      multikey, margins, growth)
     undecided = [c for c in checks if c.agrees is None]
     if undecided:       # a reading the grids cannot decide is said, apart from those that hold or do not
         extra = ("**Not shown** (the runs cannot decide): " + "; ".join(f"*{c.claim}* — {c.computed}"

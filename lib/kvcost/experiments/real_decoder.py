@@ -32,7 +32,7 @@ from kvcost.provenance import checked
 from kvcost.retrieval.collapse import frac_bits_of
 from kvcost.storage.spec import CacheSpec, parse_spec
 
-__all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "T95", "agreement", "engine_order",
+__all__ = ["DATA", "KL_MEASURABLE", "KL_REL_TOL", "STORE_FORMATS_NUMPY", "agreement", "engine_order",
            "element_of", "paired_ratio",
            "fast_vs_faithful",
            "fast_vs_faithful_summary", "format_table", "head_summary", "structure_by_layer_type",
@@ -50,11 +50,6 @@ DATA = Path("data") / "real_model"
 #: order the ratios came out 0.97-1.14 on 2k windows; in transformers' order, up to 1.6.)
 KL_REL_TOL = 0.5
 KL_MEASURABLE = 2.0
-# Student t 0.975 quantiles for 1..30 degrees of freedom (scipy.stats.t.ppf(0.975, df)).
-T95 = (12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252, 2.306004135,
-       2.262157163, 2.228138852, 2.200985160, 2.178812830, 2.160368656, 2.144786688, 2.131449546, 2.119905299,
-       2.109815578, 2.100922040, 2.093024054, 2.085963447, 2.079613845, 2.073873068, 2.068657610, 2.063898562,
-       2.059538553, 2.055529439, 2.051830516, 2.048407142, 2.045229642, 2.042272456)
 #: The formats :func:`live_slice` round-trips by default (kvcost.models.decoders.store_kv is numpy alone).
 STORE_FORMATS_NUMPY = ("bf16", "fp8_e4m3", "q8_0", "q4_0", "q5_1", "iq4_nl", "kivi2")
 
@@ -85,7 +80,7 @@ def _t_interval(x: np.ndarray) -> tuple[float, float, float]:
     m = float(x.mean())
     if x.size < 2:
         return m, math.nan, math.nan
-    half = T95[min(x.size - 1, len(T95)) - 1] * float(x.std(ddof=1)) / math.sqrt(x.size)
+    half = stats.t95(x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
     return m, m - half, m + half
 
 

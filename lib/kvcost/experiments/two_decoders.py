@@ -13,6 +13,8 @@ Notebook 08 computes each decoder's tables (kvcost.experiments.real_decoder); th
   Holm–Tarone over the family), with what loss the test could have detected where it detects none;
 - :func:`margin_against`: the answer's logit margin of variants against any reference variant on the same
   trials (a mean paired shift with its bootstrap interval): what vLLM's fixes change against the kernel without one;
+- :func:`storage_growth`: whether a stored format's KL grows from one context to a longer one (different
+  windows, so unpaired: a Welch interval on the log ratio);
 - :func:`structure`: the K/V structure per decoder and layer type (the outlier channels before and after RoPE
   and, for Gemma, after QK-norm).
 
@@ -37,8 +39,8 @@ from kvcost.provenance import checked
 
 __all__ = ["DECODERS", "results_path", "windows_name", "load_results", "load_provenance", "run_command", "UNIT_GRID",
            "passkey_rows", "storage_name", "engine_rows", "storage_side_by_side", "rank_agreement", "against_exact",
-           "margin_against", "KERNEL_FIXES", "kernel_margins", "PROPAGATION", "propagation_rows", "structure", "load_extract",
-           "axis_by_decoder"]
+           "margin_against", "KERNEL_FIXES", "kernel_margins", "storage_growth", "PROPAGATION", "propagation_rows",
+           "structure", "load_extract", "axis_by_decoder"]
 
 #: The decoders compared, in the order they are shown (kvcost.models.decoders.DECODERS names).
 DECODERS = ("smollm2-135m", "gemma3-270m")
@@ -276,6 +278,34 @@ def kernel_margins(rows: pd.DataFrame, min_trials: int = 1) -> pd.DataFrame:
     against ``exact``; then each fix against ``fa3`` — the part of the kernel's cost that is accumulation's."""
     against = margin_against(rows, "exact", ["fa3", *KERNEL_FIXES, "store:fp8_e4m3"], min_trials)
     return pd.concat([against, margin_against(rows, "fa3", KERNEL_FIXES, min_trials)], ignore_index=True)
+
+
+def storage_growth(windows: pd.DataFrame, base: int, longer: int, formats: list[str] | None = None) -> pd.DataFrame:
+    """Whether a stored format's loss grows with the context: per format run at both ``base`` and ``longer``
+    tokens (at least two windows each), the ratio of its KL to the fp32 cache per scored token at ``longer`` to
+    that at ``base`` — the geometric mean over each context's windows — with a 95% Welch interval on the log
+    scale (the windows of the two contexts are different text, so unpaired). ``windows``: per-window rows
+    (``context, window, format, n, kl_fp32_sum``), as kvcost.experiments.real_decoder.load_windows gives them."""
+    cols = ["format", "base", "longer", "windows_base", "windows_longer", "kl_base", "kl_longer", "ratio", "lo",
+            "hi"]
+    w = windows[windows["format"].ne("fp32") & (windows["n"] > 0)]
+    w = w.assign(kl=w["kl_fp32_sum"] / w["n"])
+    out = []
+    for fmt in formats or sorted(set(w.loc[w["context"] == base, "format"]) & set(w.loc[w["context"] == longer,
+                                                                                           "format"])):
+        a = np.log(w.loc[(w["context"] == base) & (w["format"] == fmt), "kl"].to_numpy(dtype=float))
+        b = np.log(w.loc[(w["context"] == longer) & (w["format"] == fmt), "kl"].to_numpy(dtype=float))
+        if len(a) < 2 or len(b) < 2 or not (np.isfinite(a).all() and np.isfinite(b).all()):
+            continue
+        va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+        se = math.sqrt(va + vb)
+        df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if se > 0 else float("inf")
+        t = stats.t95(df)
+        d = b.mean() - a.mean()
+        out.append({"format": fmt, "base": base, "longer": longer, "windows_base": len(a), "windows_longer": len(b),
+                    "kl_base": math.exp(a.mean()), "kl_longer": math.exp(b.mean()), "ratio": math.exp(d),
+                    "lo": math.exp(d - t * se), "hi": math.exp(d + t * se)})
+    return pd.DataFrame(out, columns=cols)
 
 
 def structure(heads: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
