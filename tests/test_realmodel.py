@@ -899,6 +899,7 @@ def test_committed_gemma_storage_window():
     interval holds 0, fp8's (scale 1) and q4_0's exclude it; KL's intervals separate q8_0 < K q8_0/V q4_0 and
     KIVI-4 < NVFP4; the rotation makes q4_0's KL worse on every window (x1.07-1.39)."""
     df = real.load_windows("gemma3_270m/ppl_windows.csv")
+    df = df[df["context"] == 2048]                                       # the 8k windows are another test's
     t = real.format_table(df[df["window"] == 0]).set_index("format")
     kl = t["kl"]
     assert set(t["windows"]) == {1} and set(t["tokens"]) == {1023}
@@ -966,3 +967,15 @@ def test_the_two_texts_give_the_same_first_tokens():
            for name in ("pride_and_prejudice", "pride_and_prejudice_full")]
     assert len(ids[1]) > 5 * 32768 and len(ids[0]) > 16384        # 5 windows of 32k; the default 16k
     assert ids[0][:len(ids[0]) - 8] == ids[1][:len(ids[0]) - 8]      # all but the last line's tokens
+
+
+def test_committed_gemma_8k_windows_keep_the_2k_storage_order():
+    """Gemma's 8k windows (the first 16,384 tokens: the same text either way): the references and the formats
+    order as at 2k, and q4_0's KL per token is within 10% of its 2k mean — storage does not grow with n here."""
+    df = real.load_windows("gemma3_270m/ppl_windows.csv")
+    t = real.format_table(df[df["context"] == 8192]).set_index("format")
+    assert set(t["windows"]) >= {2} and set(t.index) >= {"fp32", "fp16", "fp8_e4m3", "q8_0", "q4_0", "nvfp4"}
+    kl = t["kl"]
+    assert kl["fp16"] < kl["q8_0"] < kl["int8_token"] < kl["fp8_e4m3"] < kl["kivi4"] < kl["nvfp4"] < kl["q4_0"]
+    two_k = real.format_table(df[df["context"] == 2048]).set_index("format")["kl"]
+    assert kl["q4_0"] == pytest.approx(two_k["q4_0"], rel=0.1)
