@@ -974,7 +974,7 @@ def test_committed_gemma_8k_windows_keep_the_2k_storage_order():
     order as at 2k, and q4_0's KL per token is within 10% of its 2k mean — storage does not grow with n here."""
     df = real.load_windows("gemma3_270m/ppl_windows.csv")
     t = real.format_table(df[df["context"] == 8192]).set_index("format")
-    assert set(t["windows"]) >= {2} and set(t.index) >= {"fp32", "fp16", "fp8_e4m3", "q8_0", "q4_0", "nvfp4"}
+    assert t["windows"].min() >= 2 and set(t.index) >= {"fp32", "fp16", "fp8_e4m3", "q8_0", "q4_0", "nvfp4"}
     kl = t["kl"]
     assert kl["fp16"] < kl["q8_0"] < kl["int8_token"] < kl["fp8_e4m3"] < kl["kivi4"] < kl["nvfp4"] < kl["q4_0"]
     two_k = real.format_table(df[df["context"] == 2048]).set_index("format")["kl"]
