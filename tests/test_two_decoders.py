@@ -243,3 +243,15 @@ def test_storage_growth_is_a_welch_ratio_and_the_reading_knows_kept_grown_and_un
     assert two.storage_growth(_windows({2048: [0.1, 0.1], 8192: [0.1]}), 2048, 8192).empty
     assert claims.growth_reading({"gemma3-270m": two.storage_growth(
         _windows({2048: [0.1, 0.11], 8192: [0.1, 0.11]}, fmt="fp16"), 2048, 8192)}) is None
+
+
+def test_the_margin_measure_gives_the_known_answer_on_the_committed_split_rows():
+    """The needle removed from attention (split:needle=0) is the case whose answer is known: the answer's margin
+    must fall far below exact's, and less as more of the needle is kept."""
+    for m in two.DECODERS:
+        r = two.propagation_rows(m)
+        shifts = two.margin_against(r, "exact", ["split:needle=0", "split:needle=0.25", "split:needle=0.5"], 20)
+        s = shifts.set_index("variant")
+        assert s.loc["split:needle=0", "hi"] < -3.0, m
+        assert s.loc["split:needle=0", "shift"] < s.loc["split:needle=0.25", "shift"] < s.loc["split:needle=0.5",
+                                                                                                 "shift"] < 0, m
