@@ -59,8 +59,10 @@ unit: $(STAMP) site-deps ## unit tests only (TEST_JOBS=2 workers; TEST_JOBS=0 se
 NBVAL_THREADS := OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} \
   NUMBA_NUM_THREADS=$${NUMBA_NUM_THREADS:-1}
 
+# nbval checks the outputs; it does not regenerate figures (`make figures` does): its figures go to a scratch
+# folder, so a figure whose bytes differ on this CPU does not dirty figures/.
 nbval: $(STAMP) ## nbval on every committed notebook, from notebooks/, single-threaded
-	cd notebooks && $(NBVAL_THREADS) $(PY) -m pytest -p no:cacheprovider $(XDIST) $(if $(XDIST),--dist loadscope) \
+	cd notebooks && $(NBVAL_THREADS) KVCOST_FIGURE_DIR="$(CURDIR)/build/nbval-figures" $(PY) -m pytest -p no:cacheprovider $(XDIST) $(if $(XDIST),--dist loadscope) \
 	  --nbval --nbval-current-env --nbval-sanitize-with ../tests/nbval_sanitize.cfg $(notdir $(NOTEBOOKS))
 
 bench: $(STAMP) ## speed benchmarks: a table printed and saved to results/bench.csv

@@ -48,7 +48,9 @@ def lab(tmp_path_factory):
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_CONFIG_DIR=str(tmp / "cfg"))
     env.pop("JUPYTER_CONFIG_PATH", None)
     args = f"--no-browser --ServerApp.port={port} --ServerApp.port_retries=0 --IdentityProvider.token={TOKEN}"
-    proc = subprocess.Popen(["make", "-s", "lab", f"LAB_ARGS={args}"], cwd=ROOT, env=env,
+    # -o: the environment is the one running these tests; without it a checkout newer than .venv/.installed
+    # (a worktree sharing the venv) re-ran setup and re-pointed the editable install at itself
+    proc = subprocess.Popen(["make", "-s", "-o", ".venv/.installed", "lab", f"LAB_ARGS={args}"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     pid = None
     try:

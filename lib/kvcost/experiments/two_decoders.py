@@ -216,8 +216,7 @@ def against_exact(rows: pd.DataFrame, context: int | None = None, alpha: float =
         return pd.DataFrame(columns=cols)
     if context is not None:
         rows = rows[rows["context"] == context]
-    exact_rows = rows[rows["variant"] == "exact"].set_index(["context", "trial"])
-    exact = exact_rows["success"]
+    exact = rows[rows["variant"] == "exact"].set_index(["context", "trial"])["success"]
     out = []
     for (c, v), g in rows[rows["variant"] != "exact"].groupby(["context", "variant"], sort=False):
         g = g[[(c, t) in exact.index for t in g["trial"]]]
@@ -225,14 +224,14 @@ def against_exact(rows: pd.DataFrame, context: int | None = None, alpha: float =
             continue
         ref = exact.loc[[(c, t) for t in g["trial"]]].to_numpy()
         one = stats.paired_binary(g["success"].to_numpy(), ref)
-        shift = {}
-        if "margin" in g:
-            m = stats.paired_shift(g["margin"].to_numpy(), exact_rows.loc[[(c, t) for t in g["trial"]], "margin"])
-            shift = {"margin_shift": m["shift"], "margin_lo": m["shift_lo"], "margin_hi": m["shift_hi"]}
-        out.append({"context": int(c), "variant": v} | one | {"exact_successes": one["ref_successes"]} | shift)
-    t = pd.DataFrame(out, columns=cols[:10] + cols[12:15])
+        out.append({"context": int(c), "variant": v} | one | {"exact_successes": one["ref_successes"]})
+    t = pd.DataFrame(out, columns=cols[:10])
     if t.empty:
         return pd.DataFrame(columns=cols)
+    margins = margin_against(rows, "exact", list(t["variant"].unique()), min_trials).rename(
+        columns={"shift": "margin_shift", "lo": "margin_lo", "hi": "margin_hi"})
+    t = t.merge(margins[["context", "variant", "margin_shift", "margin_lo", "margin_hi"]], on=["context", "variant"],
+                how="left")
     t["loses_needle"] = stats.paired_losses(t["lost"], t["gained"], alpha)
     discordant = (t["lost"] + t["gained"]).tolist()
     t["detectable"] = pd.array([stats.detectable_loss(e, discordant, alpha) for e in t["exact_successes"]],
