@@ -30,16 +30,22 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name kvcost --display-name "Python (kvcost)" >/dev/null
 	touch $@
 
+# The targets that write figures/ run one BLAS, OpenMP and numba thread each: a figure's bytes follow the
+# plotted values' last bits, which follow the summation order, which follows the thread count (notebook 02's
+# Pareto figure differs between one and two threads). One thread everywhere is what makes the committed
+# figures the bytes any machine writes; nbval still checks the printed outputs under any thread count.
+FIGURE_THREADS := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 MKL_NUM_THREADS=1
+
 figures: $(STAMP) ## run every notebook with papermill: figures/ and results/ (executed copies in build/)
 	@mkdir -p $(EXECUTED)
 	@# two at a time: the machine has two cores and most cells use one
-	@printf '%s\n' $(notdir $(NOTEBOOKS)) | (cd notebooks && xargs -P $(JOBS) -I{} \
+	@printf '%s\n' $(notdir $(NOTEBOOKS)) | (cd notebooks && $(FIGURE_THREADS) xargs -P $(JOBS) -I{} \
 	  sh -c 'echo "papermill {}" && $(PAPERMILL) {} ../$(EXECUTED)/{}')
 
 notebooks: $(STAMP) ## re-execute the committed notebooks in place, volatile metadata stripped
 	@set -e; for nb in $(NOTEBOOKS); do \
 	  name=$$(basename $$nb); echo "execute $$name"; \
-	  (cd notebooks && $(PAPERMILL) $$name $$name); \
+	  (cd notebooks && $(FIGURE_THREADS) $(PAPERMILL) $$name $$name); \
 	  $(PY) scripts/nbclean.py $$nb; \
 	done
 
@@ -53,9 +59,9 @@ XDIST     := $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS))
 unit: $(STAMP) site-deps ## unit tests only (TEST_JOBS=2 workers; TEST_JOBS=0 serial)
 	$(PY) -m pytest $(XDIST) $(if $(XDIST),--dist loadfile) --durations=15 tests
 
-# nbval re-executes the stored outputs with one BLAS and one numba thread (unless the caller
-# sets these), while `make notebooks` writes them with the machine's default: a printed digit
-# that depends on summation order fails here, on one machine, before it fails on the next.
+# nbval re-executes the stored outputs with one BLAS and one numba thread unless the caller sets
+# these (`OPENBLAS_NUM_THREADS=2 make nbval`): a printed digit that depends on summation order
+# fails under one thread count or another, on one machine, before it fails on the next.
 NBVAL_THREADS := OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} \
   NUMBA_NUM_THREADS=$${NUMBA_NUM_THREADS:-1}
 

@@ -1,5 +1,6 @@
 """Shared helpers: parameter validation, output paths, figure bytes, verdicts, the post's text."""
 import hashlib
+import subprocess
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -46,6 +47,20 @@ def test_write_table_keeps_full_precision(tmp_path):
     df = pd.DataFrame({"x": [0.1 + 0.2, 1 / 3]})
     back = pd.read_csv(output.write_table(df, tmp_path, "t.csv"))
     assert back.x.tolist() == [0.1 + 0.2, 1 / 3]
+
+
+@pytest.mark.parametrize("target", ["figures", "notebooks"])
+def test_the_targets_that_write_figures_run_one_thread_per_notebook(target):
+    """A figure's bytes follow the plotted values' last bits, so the summation order, so the BLAS / numba thread
+    count: notebook 02's Pareto figure differs between one and two threads. The targets that write figures/ must
+    pin one thread, or `make figures` on a machine with other cores dirties the checkout."""
+    res = subprocess.run(["make", "-n", "-s", target, "MAKEFLAGS=-o .venv/.installed"], cwd=paths.repo_root(),
+                         capture_output=True, text=True, check=True)
+    papermill = [line for line in res.stdout.replace("\\\n", " ").splitlines() if "papermill" in line]
+    assert papermill, res.stdout
+    for line in papermill:
+        for var in ("OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "NUMBA_NUM_THREADS=1"):
+            assert var in line, (var, line)
 
 
 def test_saved_figures_are_byte_identical(tmp_path):
