@@ -198,6 +198,30 @@ def test_accuracy_says_what_it_rests_on():
     assert none == ("no evidence for int4_g32/int4_g32 (no synthetic needle, no real-decoder passkey)", ())
 
 
+def test_accuracy_reads_both_real_decoders_each_named_and_each_gpus_own_kernel():
+    both = evidence.default_passkey_tables()
+    assert [t.model for t in both] == ["SmolLM2-135M-Instruct", "Gemma 3 270M"]
+    rows = {g: evidence.accuracy_evidence("fp8_e4m3", 8192, gpus.gpu(g), "vllm", None, both)[1]
+            for g in ("H100", "B200", "A100")}
+    cell = {g: [(e["model"], e["variant"], e["table"], e["successes"], e["trials"], e["context"], e["reference"])
+                for e in ev] for g, ev in rows.items()}
+    gemma_store = ("Gemma 3 270M", "store:fp8_e4m3", "passkey.csv", 10, 20, 8192, "15/20")   # the committed 8k cell
+    # Hopper: SmolLM2's store, its grid's FA3 and the unit's; Gemma's store and its FA3 (run on the unit)
+    assert cell["H100"][3:] == [gemma_store, ("Gemma 3 270M", "fa3", "passkey.csv", 14, 20, 8192, "15/20")]
+    assert [e[1] for e in cell["H100"][:3]] == ["store:fp8_e4m3", "fa3", "fa3"]
+    # Blackwell (SM100): the kernel on Blackwell's unit, which only Gemma's grid has; no Hopper kernel
+    assert cell["B200"][1:] == [gemma_store, ("Gemma 3 270M", "fa3:arch=Blackwell", "passkey.csv", 15, 20, 8192,
+                                              "15/20")]
+    assert [e[1] for e in cell["A100"]] == ["store:fp8_e4m3", "store:fp8_e4m3"]          # no FP8 kernel modelled
+    text = evidence.accuracy_evidence("fp8_e4m3", 8192, gpus.gpu("B200"), "vllm", None, both)[0]
+    assert "Gemma 3 270M (data/real_model/gemma3_270m), stored cache: passkey 10/20 = 50%" in text
+    assert "Blackwell's MMA-Sim-exact tensor-core unit" in text and "Llama" not in text
+    # each grid's own channel order: SmolLM2 ran NVFP4 with K's blocks in transformers' order, Gemma has one order
+    nv = evidence.accuracy_evidence("nvfp4", 8192, gpus.gpu("B200"), "vllm", None, both)[1]
+    assert [(e["model"], e["variant"]) for e in nv] == [("SmolLM2-135M-Instruct", "store:nvfp4@hf"),
+                                                        ("Gemma 3 270M", "store:nvfp4")]
+
+
 def test_the_readme_table_is_the_planners():
     spec = importlib.util.spec_from_file_location("plan_readme_table", repo_root() / "scripts" / "plan_readme_table.py")
     mod = importlib.util.module_from_spec(spec)

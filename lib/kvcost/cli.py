@@ -455,7 +455,7 @@ def _run_fleet(args: argparse.Namespace, g: Any) -> int:
                     engine=args.engine or "none", card=card, weights_=w, efficiency=args.efficiency,
                     block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
                     swa_full=args.swa_full, passkey_csv=None if args.accuracy_csv == "none"
-                    else evidence.default_passkey_csv(),
+                    else evidence.default_passkey_tables(),
                     kernel_dir=None if args.accuracy_csv == "none" else evidence.default_kernel_dir())
     warns = list(fl.warnings) + [w for r in fl.rows for w in r.warnings]
     return _emit(fl.as_dict(), _format_fleet(fl), args.json, list(dict.fromkeys(warns)))

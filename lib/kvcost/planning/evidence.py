@@ -1,6 +1,7 @@
 """What the accuracy of a KV format rests on: the committed measurements that have it, each naming what it
 was measured on and at what length — the synthetic head of ``data/plan_needle`` (notebook 09's needle),
-the real decoder's passkey of ``data/real_model`` (notebook 08's, SmolLM2-135M), and for FP8 attention on a
+the real decoders' passkey grids (``data/real_model``: notebook 08's SmolLM2-135M and notebook 08b's Gemma 3
+270M, :func:`default_passkey_tables`), and for FP8 attention on a
 GPU kvcost models, each of that GPU's attention kernels emulated on SmolLM2's head profiles
 (``data/which_gpu``, notebook 10's needle kept by carried weight) beside the published figures for the
 same kernels (``data/accumulation_published.csv``, ``data/which_gpu/published_statements.csv``, each naming
@@ -11,6 +12,8 @@ Standard library only (the CLI path).
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +25,10 @@ from kvcost.provenance import checked
 from kvcost.storage import formats
 from kvcost.storage.spec import HADAMARD, CacheSpec, parse_spec
 
-__all__ = ["KERNEL_GRIDS", "PASSKEY_MODEL", "PASSKEY_UNIT_CSV", "PUBLISHED_NIAH", "SYNTHETIC_BASIS",
+__all__ = ["KERNEL_GRIDS", "PASSKEY_MODEL", "PASSKEY_UNIT_CSV", "PUBLISHED_NIAH", "SYNTHETIC_BASIS", "PasskeyTable",
            "accuracy_evidence", "accuracy_lookup", "default_accuracy_csv", "default_kernel_dir",
-           "default_passkey_csv", "grid_gpu", "kernel_lookup", "passkey_lookup", "published_lookup"]
+           "default_passkey_csv", "default_passkey_tables", "grid_gpu", "kernel_lookup", "passkey_lookup",
+           "published_lookup"]
 
 
 def _retrieved(rows: list[dict[str, str]]) -> int:
@@ -39,6 +43,38 @@ def default_accuracy_csv() -> Path:
 def default_passkey_csv() -> Path:
     """The committed real-decoder passkey grid (notebook 08's): SmolLM2-135M, 1k to 8k tokens, 20 trials a cell."""
     return data_path("real_model", "passkey.csv")
+
+
+@dataclass(frozen=True)
+class PasskeyTable:
+    """One real decoder's committed passkey grid: ``model``, the decoder it was measured on (as its README names
+    it); ``csv``, the grid (``context, trial, variant, success``); ``kernels``, for each emulated attention
+    variant the planner reads (``fa3``, ``fa3:arch=Blackwell``), the tables holding its rows with what each
+    emulates, in the order they are reported."""
+    model: str
+    csv: Path
+    kernels: tuple[tuple[str, str, Path], ...] = ()        # (variant, what it emulates, table)
+
+
+FA3_GRID = "FlashAttention-3 FP8 attention on Hopper, emulated"
+FA3_UNIT = "FlashAttention-3 FP8 attention on Hopper's MMA-Sim-exact tensor-core unit"
+FA3_BLACKWELL = "FlashAttention-3's FP8 attention on Blackwell's MMA-Sim-exact tensor-core unit (tcgen05)"
+
+
+def _smollm2_table(path: Path) -> PasskeyTable:
+    """SmolLM2's grid layout: its ``fa3`` rows from the first emulation, the same kernel re-run on Hopper's
+    MMA-Sim-exact unit in ``passkey_unit.csv`` beside it (notebook 08)."""
+    return PasskeyTable(PASSKEY_MODEL, path,
+                        (("fa3", FA3_GRID, path), ("fa3", FA3_UNIT, path.with_name(PASSKEY_UNIT_CSV))))
+
+
+def default_passkey_tables() -> tuple[PasskeyTable, ...]:
+    """Both real decoders' committed passkey grids: SmolLM2-135M-Instruct (1k to 8k tokens) and Gemma 3 270M
+    (4k to 32k; its FP8 kernel rows ran on the MMA-Sim-exact units, Hopper's and Blackwell's)."""
+    gemma = data_path("real_model", "gemma3_270m", "passkey.csv")
+    return (_smollm2_table(default_passkey_csv()),
+            PasskeyTable("Gemma 3 270M", gemma,
+                         (("fa3", FA3_UNIT, gemma), ("fa3:arch=Blackwell", FA3_BLACKWELL, gemma))))
 
 
 def default_kernel_dir() -> Path:
@@ -115,6 +151,14 @@ def passkey_lookup(path: str | Path | None, variant: str,
     ok = sum(1 for r in at if r["success"] in ("1", "True", "true"))
     ok0 = sum(1 for r in ref if r["success"] in ("1", "True", "true"))
     return ok, len(at), at_len, ok0, len(ref)
+
+
+def _folder(path: Path) -> str:
+    """``path``'s folder as a reader knows it (``data/real_model``), or its own name outside the data."""
+    try:
+        return str(Path("data") / Path(path).resolve().parent.relative_to(data_path().resolve()))
+    except ValueError:
+        return Path(path).parent.name
 
 
 def grid_gpu(card: GPU | None) -> str | None:
@@ -198,7 +242,8 @@ def _published_text(rows: list[dict[str, str]]) -> str:
 
 def accuracy_evidence(spec: str | CacheSpec, context: int, card: GPU | None = None, engine: str = "none",
                       needle_csv: str | Path | None = None,
-                      passkey_csv: str | Path | None = None, kernel_dir: str | Path | None = None,
+                      passkey_csv: str | Path | Sequence[PasskeyTable] | None = None,
+                      kernel_dir: str | Path | None = None,
                       mla: bool = False) -> tuple[str, tuple[dict[str, Any], ...]]:
     """What the accuracy of ``spec`` at ``context`` rests on: one entry per evidence table that has it, each
     naming what it was measured on and at what length (never the planned model), and a text joining them;
@@ -208,7 +253,9 @@ def accuracy_evidence(spec: str | CacheSpec, context: int, card: GPU | None = No
     (``passkey_unit.csv`` beside the passkey table) where it has rows. With ``kernel_dir`` (notebook 10's
     grids, :func:`default_kernel_dir`), an FP8 or NVFP4 cache on a GPU whose units kvcost models (vLLM or no
     engine) also reports each attention kernel of that GPU that reads it — MLA kernels for an ``mla`` model,
-    the others otherwise — and the published figures for that GPU's FP8 attention."""
+    the others otherwise — and the published figures for that GPU's FP8 attention. ``passkey_csv``: the real
+    decoders' grids (:func:`default_passkey_tables`), or one grid laid out as SmolLM2's (a path). On a Blackwell
+    GPU of the SM100 family an fp8 cache also reports the FP8 kernel on Blackwell's unit where a grid has it."""
     sp = parse_spec(spec, param="dtypes")
     label = sp.kv_label + (HADAMARD if sp.rotation else "")          # the needle table's storage column
     out: list[dict[str, Any]] = []
@@ -219,29 +266,33 @@ def accuracy_evidence(spec: str | CacheSpec, context: int, card: GPU | None = No
               else f"needle table {Path(needle_csv or '').name} (a synthetic haystack, not a decoder)")
         out.append({"basis": "synthetic", "on": on, "test": "needle", "successes": k, "trials": n,
                     "context": at, "reference": f"{k0}/{n0}" if n0 else None})
-    # the passkey table's plain store: labels cut K's blocks in the GGUF file's order (llama.cpp's)
-    stored = CacheSpec(sp.k, sp.v, sp.rotation, "hf" if sp.k_order == "hf" else None, store=True)
-    if (sp.k_order is None and formats.get(sp.k).channel_blocks and passkey_csv is not None
-            and passkey_lookup(passkey_csv, stored.label, context) is None):
-        # measured only with K's blocks in transformers' channel order (vLLM's and SGLang's)
-        stored = CacheSpec(sp.k, sp.v, sp.rotation, "hf", store=True)
-    what_stored = "stored cache" + (" (K's blocks in transformers' channel order)" if stored.k_order == "hf" else "")
-    variants = [(what_stored, stored.label)]
-    if (card is not None and card.arch == "Hopper" and engine in ("vllm", "none") and not mla
-            and formats.get(sp.k).family == "fp8"):
-        variants.append(("FlashAttention-3 FP8 attention on Hopper, emulated", "fa3"))
-    tables = [(what, var, passkey_csv) for what, var in variants]
-    if passkey_csv is not None and variants[-1][1] == "fa3":
-        # the same kernel re-run on Hopper's bit-exact wgmma unit (MMA-Sim), beside the grid (notebook 08)
-        tables.append(("FlashAttention-3 FP8 attention on Hopper's MMA-Sim-exact tensor-core unit", "fa3",
-                       Path(passkey_csv).with_name(PASSKEY_UNIT_CSV)))
-    for what, var, table in tables:
-        pk = passkey_lookup(table, var, context)
-        if pk is not None:
-            k, n, at, k0, n0 = pk
-            out.append({"basis": "real decoder", "on": f"{PASSKEY_MODEL} (data/real_model), {what}",
-                        "test": "passkey", "variant": var, "successes": k, "trials": n, "context": at,
-                        "reference": f"{k0}/{n0}" if n0 else None, "table": Path(table).name})
+    if passkey_csv is None:
+        tables: Sequence[PasskeyTable] = ()
+    elif isinstance(passkey_csv, (str, Path)):
+        tables = (_smollm2_table(Path(passkey_csv)),)
+    else:
+        tables = passkey_csv
+    fp8 = formats.get(sp.k).family == "fp8" and not mla and engine in ("vllm", "none") and card is not None
+    kernels = ({"fa3"} if fp8 and card.arch == "Hopper" else
+               {"fa3:arch=Blackwell"} if fp8 and card.name in SM100 else set())
+    for t in tables:
+        # the grid's plain store: labels cut K's blocks in the GGUF file's order (llama.cpp's)
+        stored = CacheSpec(sp.k, sp.v, sp.rotation, "hf" if sp.k_order == "hf" else None, store=True)
+        if (sp.k_order is None and formats.get(sp.k).channel_blocks
+                and passkey_lookup(t.csv, stored.label, context) is None):
+            # measured only with K's blocks in transformers' channel order (vLLM's and SGLang's)
+            stored = CacheSpec(sp.k, sp.v, sp.rotation, "hf", store=True)
+        what_stored = "stored cache" + (" (K's blocks in transformers' channel order)" if stored.k_order == "hf"
+                                        else "")
+        reads = [(stored.label, what_stored, t.csv)] + [k for k in t.kernels if k[0] in kernels]
+        for var, what, table in reads:
+            pk = passkey_lookup(table, var, context)
+            if pk is not None:
+                k, n, at, k0, n0 = pk
+                out.append({"basis": "real decoder", "on": f"{t.model} ({_folder(t.csv)}), {what}",
+                            "test": "passkey", "variant": var, "successes": k, "trials": n, "context": at,
+                            "reference": f"{k0}/{n0}" if n0 else None, "table": Path(table).name,
+                            "model": t.model})
     gpu = grid_gpu(card)
     family = formats.get(sp.k).family
     kv = {"fp8": "e4m3", "nvfp4": "nvfp4"}.get(family)

@@ -11,6 +11,7 @@ Standard library only (the CLI path).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from kvcost.models.hfconfig import MLA, SLIDING, Geometry
 from kvcost.models.weights import Weights, model_weights
 from kvcost.planning.capacity import ENGINES, Capacity, bytes_capacity, llamacpp_capacity, vllm_capacity, vllm_spec
 from kvcost.planning.decode import DEFAULT_EFFICIENCY, estimate
-from kvcost.planning.evidence import accuracy_evidence
+from kvcost.planning.evidence import PasskeyTable, accuracy_evidence
 from kvcost.planning.gpus import GPU, gpu, kernel_support
 from kvcost.storage import formats
 from kvcost.storage.spec import CacheSpec, parse_spec
@@ -108,7 +109,8 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
          reserve_gib: float = RESERVE_GIB, accuracy_csv: str | Path | None = None, *, engine: str = "none",
          card: GPU | None = None, weights_: Weights | None = None, efficiency: float = DEFAULT_EFFICIENCY,
          block_size: int = 16, max_num_batched_tokens: int = 2048, swa_full: bool = False,
-         passkey_csv: str | Path | None = None, kernel_dir: str | Path | None = None) -> Fleet:
+         passkey_csv: str | Path | Sequence[PasskeyTable] | None = None,
+         kernel_dir: str | Path | None = None) -> Fleet:
     """Plan ``model`` on ``n_gpus`` x a GPU (``gpu_name`` from the catalogue, or ``card``) at ``context``
     tokens per request, per KV format: capacity as ``engine`` counts it, a decode-speed estimate and the
     accuracy evidence.
@@ -118,7 +120,8 @@ def plan(g: Geometry, model: str | None, gpu_name: str | None, context: int, n_g
     storage specs (``K``, ``K/V``, ``fp8_e4m3;skip=sliding_window``; default :data:`DEFAULT_DTYPES`).
     ``weights_`` overrides the weights (:func:`kvcost.models.weights.model_weights`); the decode estimate runs at
     ``concurrency`` requests, or at as many as fit, and needs the GPU's bandwidth. The accuracy evidence reads
-    ``accuracy_csv`` (a needle table), ``passkey_csv`` (the real decoder's passkey) and ``kernel_dir`` (notebook
+    ``accuracy_csv`` (a needle table), ``passkey_csv`` (the real decoders' passkey grids,
+    :func:`kvcost.planning.evidence.default_passkey_tables`, or one grid's path) and ``kernel_dir`` (notebook
     10's kernel grids), each left out when None (:func:`kvcost.planning.evidence.accuracy_evidence`).
     """
     context = check_context(context, "--context", lo=1)
