@@ -98,6 +98,14 @@ def test_retrieval_readings_report_each_effect_separately():
     blind = claims.retrieval_reading({"gemma3-270m": two.against_exact(few)}, "kernel", "niah_multikey_2")
     assert blind.agrees is None and blind.claim.endswith("on RULER niah_multikey_2")
     assert "exact attention retrieves 3: no loss this grid could detect" in blind.computed
+    # one context that could detect a loss and one that could not: the blind one is named, not pooled
+    mixed = pd.concat([_grid({"exact": [1] * 20, "fa3": [1] * 20}),
+                       _grid({"exact": [1] * 3 + [0] * 17, "fa3": [1] * 3 + [0] * 17}).assign(context=32768)])
+    part = claims.retrieval_reading({"gemma3-270m": two.against_exact(mixed)}, "kernel")
+    assert part.agrees is True
+    assert part.computed.endswith("no loss detected for 2 variants at n = 20 (a loss of 6 trials would have been "
+                                  "detected at 4,096; at 32,768 exact attention retrieves 3: no loss this grid could "
+                                  "detect)")
 
 
 def test_committed_runs_side_by_side():

@@ -205,9 +205,9 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
                                          "decoders' committed windows have)"),
         Int("long_context", 8192, lo=256, doc="the longer window the storage loss at `context` is set against "
                                               "(does a stored format's KL grow with the context?)"),
-        IntList("passkey_contexts", [4096, 8192, 16384], lo=256, doc="prompt lengths of the passkey comparison (one "
-                                                               "family per decoder over them; a context a decoder's "
-                                                               "grid lacks is left out for it)"),
+        IntList("passkey_contexts", [4096, 8192, 16384, 32768], lo=256,
+                doc="prompt lengths of the passkey comparison (one family per decoder over them; a context a "
+                    "decoder's grid lacks is left out for it)"),
         Int("min_trials", 20, lo=1, doc="trials a passkey cell needs, paired with exact, to enter the comparison"),
         Float("alpha", 0.05, lo=0.0, hi=0.5, lo_open=True, doc="family-wise level of the McNemar tests and of "
                                                                "the rank-agreement test"),

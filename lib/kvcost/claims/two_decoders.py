@@ -100,6 +100,24 @@ def _cells(rows: pd.DataFrame) -> list[str]:
     return [f"{v} at {int(c):,}" for v, c in zip(rows["variant"], rows["context"])]
 
 
+def _detectable_text(judged: pd.DataFrame) -> str:
+    """What loss the grid could have detected, context by context: the largest of the rows' detectable losses
+    over the contexts where one could be, and the contexts where exact attention retrieves too few for any (a
+    context the count is blind at is named, never pooled into the others' figure)."""
+    seen, blind = [], []
+    for c, g in judged.groupby("context"):
+        d = g["detectable"].dropna()
+        (seen if len(d) else blind).append((int(c), int(d.max()) if len(d) else int(g["exact_successes"].max())))
+    out = []
+    if seen:
+        out.append(f"a loss of {max(d for _, d in seen)} trials would have been detected"
+                   + (f" at {', '.join(f'{c:,}' for c, _ in seen)}" if blind else ""))
+    if blind:
+        out.append("; ".join(f"at {c:,} exact attention retrieves {e}" for c, e in blind)
+                   + ": no loss this grid could detect")
+    return " (" + "; ".join(out) + ")"
+
+
 def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str, task: str = "") -> Check | None:
     """The post's division of symptoms on each decoder, one effect at a time: "the needle stops being attended
     to" is accumulation's (``kind="kernel"``: the FP8 kernels at full register width; the narrowed registers,
@@ -121,9 +139,7 @@ def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str, task: str 
         parts.append(f"{_title(model)} at {ctx} tokens: "
                      + (f"loss detected for {', '.join(_cells(lost))} (of {len(judged)})" if len(lost) else
                         f"no loss detected for {len(judged)} variants at n = {int(judged['trials'].min())}"
-                        + (f" (a loss of {int(detect.max())} trials would have been detected)" if len(detect) else
-                           f" (exact attention retrieves {int(judged['exact_successes'].max())}: no loss this "
-                           "grid could detect)")))
+                        + _detectable_text(judged)))
         lost_any.append(len(lost) > 0)
     if not parts:
         return None
