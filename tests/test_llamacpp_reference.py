@@ -139,3 +139,20 @@ def test_gemma_against_llamacpp_on_the_same_windows():
     assert (kl["llama.cpp"]["q4_0+hadamard"] < kl["llama.cpp"]["q4_0"]).all()
     assert (kl["ours"]["q4_0+hadamard"] > kl["ours"]["q4_0"]).all()
     assert (kl["llama.cpp"]["q8_0/q4_0+hadamard"] < kl["llama.cpp"]["q8_0/q4_0"]).all()
+
+
+def test_large_scored_logits_are_kept_on_disk_with_the_same_values(tmp_path, monkeypatch):
+    """Gemma's 262,144-token vocabulary makes a window's scored rows 4.3 GB at 8k: past SPILL_BYTES they are kept in
+    a memory-mapped file, not RAM, and read back as the same float32 values (so the same metrics)."""
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(0)
+    buffer = rng.standard_normal((40, 300)).astype(np.float32)          # llama.cpp's every-position buffer
+    rows = buffer[20:39]                                               # the scored half, a view into it
+    small = ref.keep_scores(rows, tmp_path, "fp16")
+    assert isinstance(small, np.ndarray) and not isinstance(small, np.memmap) and not list(tmp_path.iterdir())
+    monkeypatch.setattr(ref, "SPILL_BYTES", 1024)
+    big = ref.keep_scores(rows, tmp_path, "q8_0_q4_0")
+    assert isinstance(big, np.memmap) and (tmp_path / "q8_0_q4_0.npy").is_file()
+    buffer[:] = 0                                                      # the context freed: the copy is its own
+    assert np.array_equal(big, small) and big.dtype == np.float32 and big.shape == (19, 300)
+    assert np.array_equal(np.load(tmp_path / "q8_0_q4_0.npy"), small)

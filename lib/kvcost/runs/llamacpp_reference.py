@@ -33,6 +33,7 @@ import argparse
 import importlib.metadata
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,11 @@ _PLAIN = ["fp32", "fp16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_n
 DEFAULT_FORMATS = _PLAIN + [parse_spec(f + "+hadamard").label for f in _PLAIN if formats.get(parse_spec(f).k).family
                             == "ggml"]
 REFERENCES = ("fp32", "fp16")
+#: Scored logits larger than this are kept in a memory-mapped file, not in RAM: the references (fp32, fp16) are
+#: held while every other cache type of the window runs, beside llama.cpp's own buffer of every position's logits.
+#: Gemma 3 270M at 8,192 tokens: 4.3 GB of scored rows per format (262,144-token vocabulary) over an 8.6 GB buffer,
+#: which held in RAM needs over 21 GB (a run beside other jobs was killed for memory at 16.8 GB).
+SPILL_BYTES = 1 << 30
 # ggml.h's enum value for BF16, which llama_cpp's Python constants lack (GGML_TYPE_BF16 = 30).
 _MISSING_TYPES = {"BF16": 30}
 
@@ -162,6 +168,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def keep_scores(scores: Any, folder: Path, name: str) -> Any:
+    """``scores`` (llama.cpp's scored rows, a float32 view into the context's buffer) copied out before the
+    context is freed: into RAM, or past :data:`SPILL_BYTES` into ``folder/name.npy``, memory-mapped (the same
+    float32 values, so the same metrics)."""
+    import numpy as np
+
+    if scores.nbytes <= SPILL_BYTES:
+        return np.array(scores, dtype=np.float32)
+    kept = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=np.float32, shape=scores.shape)
+    for s in range(0, scores.shape[0], 256):
+        kept[s:s + 256] = scores[s:s + 256]
+    kept.flush()
+    return kept
+
+
 def _windows(args: argparse.Namespace, context: int) -> list[int]:
     windows = list(range(args.tokens // context))
     if args.window is not None:
@@ -265,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             command="python scripts/llamacpp_reference.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             versions=vers, note=note)
     done = provenance.finished_keys(args.out, decoders.WINDOW_KEY)
-    with provenance.appending(args.out, decoders.WINDOW_FIELDS) as write:
+    with provenance.appending(args.out, decoders.WINDOW_FIELDS) as write, \
+            tempfile.TemporaryDirectory(prefix="kvcost-llamacpp-") as spill:
         for c in args.context:
             for w in _windows(args, c):
                 if all((c, w, f) in done for f in formats):
@@ -286,14 +308,15 @@ def main(argv: list[str] | None = None) -> int:
                                           type_v=_ggml_type(llama_cpp, tv),
                                           flash_attn=True, logits_all=True, verbose=False, seed=0)
                     llm.eval(toks)
-                    mats[fmt] = torch.from_numpy(np.array(llm.scores[c // 2:c - 1], dtype=np.float32))
+                    mats[fmt] = keep_scores(llm.scores[c // 2:c - 1], Path(spill), fmt.replace("/", "_"))
                     del llm
                     seconds[fmt] = time.perf_counter() - t0
                     if fmt == "fp32":      # KL from fp16 needs the fp16 run: fp32's row waits until then
                         continue
                     names = [f for f in (["fp32"] if fmt == "fp16" else []) + [fmt] if (c, w, f) not in done]
-                    sums = decoders.chunked_logit_metrics(lambda f, s, e, mats=mats: mats[f][s:e], names, targets,
-                                                          REFERENCES, rows) if names else {}
+                    sums = decoders.chunked_logit_metrics(
+                        lambda f, s, e, mats=mats: torch.from_numpy(np.array(mats[f][s:e], dtype=np.float32)),
+                        names, targets, REFERENCES, rows) if names else {}
                     for name in names:
                         m = sums[name]
                         write({"context": c, "window": w, "format": name, "n": m["n"],
@@ -306,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"({seconds[name]:.1f} s)", flush=True)
                     if fmt not in REFERENCES:
                         del mats[fmt]
+                        (Path(spill) / f"{fmt.replace('/', '_')}.npy").unlink(missing_ok=True)
     return 0
 
 
