@@ -2,7 +2,7 @@
 and what it reads from the GGUF, checked without llama.cpp (numpy, and torch where it is installed)."""
 import pytest
 
-from kvcost.models import decoders
+from kvcost.models import decoders, window_metrics
 from kvcost.paths import repo_root
 from kvcost.runs import llamacpp_reference as ref
 
@@ -62,27 +62,51 @@ def test_tokenization_note():
 
 
 def test_chunked_logit_metrics_are_the_whole_matrix_sums():
-    """The llama.cpp job's metrics: exactly token_metrics' sums with one chunk (SmolLM2's committed rows), to
-    rounding with chunks (Gemma's), the references not among the formats asked for."""
+    """The llama.cpp job's metrics: token_metrics' sums (its per-token terms, summed in another order: to
+    float64 rounding) with one chunk and with several, the references not among the formats asked for; the
+    integer counts exactly."""
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(3)
     mats = {f: torch.randn(41, 30, generator=g) for f in ("fp32", "fp16", "q4_0")}
     mats["fp16"] = mats["fp32"] + 1e-3 * mats["fp16"]
     targets = torch.randint(0, 30, (41,), generator=g)
     refs = [torch.log_softmax(mats[r].double(), -1) for r in ("fp32", "fp16")]
-    whole = decoders.token_metrics(mats["q4_0"], targets, refs)
-    one = decoders.chunked_logit_metrics(lambda f, s, e: mats[f][s:e], ["q4_0"], targets, rows=41)
+    whole = window_metrics.token_metrics(mats["q4_0"], targets, refs)
+    one = window_metrics.chunked_logit_metrics(lambda f, s, e: mats[f][s:e], ["q4_0"], targets, rows=41)
     assert list(one) == ["q4_0"]
     q = one["q4_0"]
-    assert (q["n"], q["nll_sum"], q["kl_fp32_sum"], q["kl_fp16_sum"]) == (
-        41, float(whole["nll"].sum()), float(whole["kl0"].sum()), float(whole["kl1"].sum()))
+    assert q["n"] == 41 and q["nll_sum"] == pytest.approx(float(whole["nll"].sum()), rel=1e-13)
+    assert q["kl_fp32_sum"] == pytest.approx(float(whole["kl0"].sum()), rel=1e-12) and q["kl_fp32_sum"] > 0.1
+    assert q["kl_fp16_sum"] == pytest.approx(float(whole["kl1"].sum()), rel=1e-12)
+    assert (q["top1_fp32"], q["top1_fp16"]) == (int(whole["top1_0"].sum()), int(whole["top1_1"].sum()))
     assert q["correct"] == int((whole["argmax"] == targets.numpy()).sum())
-    chunked = decoders.chunked_logit_metrics(lambda f, s, e: mats[f][s:e], ["fp32", "q4_0"], targets, rows=8)
+    chunked = window_metrics.chunked_logit_metrics(lambda f, s, e: mats[f][s:e], ["fp32", "q4_0"], targets, rows=8)
     assert chunked["q4_0"]["kl_fp32_sum"] == pytest.approx(q["kl_fp32_sum"], rel=1e-12) and q["kl_fp32_sum"] > 0
     assert chunked["q4_0"]["top1_fp16"] == q["top1_fp16"] == int(whole["top1_1"].sum())
     assert chunked["fp32"]["kl_fp32_sum"] == 0.0 and chunked["fp32"]["top1_fp32"] == 41
     with pytest.raises(ValueError, match="'rows'"):
-        decoders.chunked_logit_metrics(lambda f, s, e: mats[f][s:e], ["q4_0"], targets, rows=0)
+        window_metrics.chunked_logit_metrics(lambda f, s, e: mats[f][s:e], ["q4_0"], targets, rows=0)
+    with pytest.raises(ValueError, match="'refs'"):
+        window_metrics.chunked_logit_metrics(lambda f, s, e: mats[f][s:e], ["q4_0"], targets, refs=("fp32",))
+
+
+def test_chunked_logit_metrics_per_token_terms_are_the_definitions():
+    """At a real vocabulary's width, with KL small (a stored format's size: 1e-5 to 1e-3 nats), the batched
+    reduction gives token_metrics' KL per chunk to 1e-9 of itself, and the stored format that equals its
+    reference to the last bit (fp16 here) has KL 0 against it."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(11)
+    base = 4 * torch.randn(6, 20000, generator=g)
+    mats = {"fp32": base, "fp16": base + 1e-3 * torch.randn(6, 20000, generator=g)}
+    mats["q8_0"] = mats["fp16"].clone()
+    targets = torch.randint(0, 20000, (6,), generator=g)
+    refs = [torch.log_softmax(mats[r].double(), -1) for r in ("fp32", "fp16")]
+    whole = window_metrics.token_metrics(mats["fp16"], targets, refs)
+    got = window_metrics.chunked_logit_metrics(lambda f, s, e: mats[f][s:e], ["fp16", "q8_0"], targets, rows=4)
+    assert 1e-7 < float(whole["kl0"].sum()) < 1e-4
+    assert got["fp16"]["kl_fp32_sum"] == pytest.approx(float(whole["kl0"].sum()), rel=1e-9)
+    assert got["q8_0"]["kl_fp16_sum"] == 0.0 and got["q8_0"]["top1_fp16"] == 6
+    assert got["q8_0"]["kl_fp32_sum"] == got["fp16"]["kl_fp32_sum"]
 
 
 def test_plain_weight_buffers_wraps_the_default_params_once():
@@ -157,3 +181,17 @@ def test_large_scored_logits_are_kept_on_disk_with_the_same_values(tmp_path, mon
     buffer[:] = 0                                                      # the context freed: the copy is its own
     assert np.array_equal(big, small) and big.dtype == np.float32 and big.shape == (19, 300)
     assert np.array_equal(np.load(tmp_path / "q8_0_q4_0.npy"), small)
+
+
+def test_window_metrics_bench_row_compares_the_two_sums():
+    """make bench's window-metrics row at a small size: it times both ways on the same logits and reports how
+    closely their KL sums agree (the speed bar is the full size's: not asserted here)."""
+    pytest.importorskip("torch")
+    from kvcost import bench
+
+    assert bench.bench_window_metrics in bench.BENCHMARKS
+    (row,) = bench.bench_window_metrics(rows=6, vocab=3000)
+    assert row.case.startswith("window metrics 6 rows x 3,000 vocabulary, 9 formats") and row.bar == 2.0
+    assert row.seconds > 0 and row.value > 0
+    agree = float(row.note.rsplit("agree to ", 1)[1].split()[0])
+    assert agree <= 1e-10

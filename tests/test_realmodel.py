@@ -13,7 +13,7 @@ from kvcost import stats
 from kvcost.claims import real_decoder as claims
 from kvcost.experiments import real_decoder as real
 from kvcost.experiments import real_decoder_passkey as pk
-from kvcost.models import decoders
+from kvcost.models import decoders, window_metrics
 from kvcost.paths import repo_root
 from kvcost.retrieval import collapse, ruler
 from kvcost.storage import quant
@@ -138,6 +138,28 @@ def test_decoder_registry_names_both_models_as_data():
         with pytest.raises(ValueError, match="'model' must be one of"):
             decoders.decoder(bad)
     assert set(decoders.versions("gemma3-270m")) >= set(gemma.dists) | {"torch", "transformers", "kvcost"}
+
+
+def test_decoder_registry_is_light_and_names_each_results_folder():
+    """The registry the planner's CLI path reads (kvcost.planning.evidence) imports no numpy, and is the one
+    the loader uses; each decoder's results files sit in its own folder under data/."""
+    import subprocess
+    import sys
+
+    from kvcost.models import decoder_registry
+    from kvcost.paths import data_path
+    from kvcost.planning import evidence
+
+    code = "import sys, kvcost.models.decoder_registry, kvcost.planning.evidence; print('numpy' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
+    assert decoders.DECODERS is decoder_registry.DECODERS and decoders.decoder is decoder_registry.decoder
+    smol, gemma = decoder_registry.DECODERS.values()
+    assert smol.results_file("passkey.csv") == data_path("real_model", "passkey.csv") == evidence.default_passkey_csv()
+    assert gemma.results_file("passkey.csv") == data_path("real_model", "gemma3_270m", "passkey.csv")
+    assert [(t.model, t.csv) for t in evidence.default_passkey_tables()] == [
+        ("SmolLM2-135M-Instruct", smol.results_file("passkey.csv")),
+        ("Gemma 3 270M", gemma.results_file("passkey.csv"))]
 
 
 def test_assemble_parts_checks_the_digest(tmp_path):
@@ -555,7 +577,7 @@ def test_model_smoke():
     assert torch.equal(plain, fp32)
     assert not torch.equal(plain, q4)
     assert len(seen) == model.config.num_hidden_layers and seen[0] == (1, 3, len(ids), 64)
-    m = decoders.token_metrics(q4[0, :-1], x[0, 1:], [torch.log_softmax(plain[0, :-1].double(), -1)])
+    m = window_metrics.token_metrics(q4[0, :-1], x[0, 1:], [torch.log_softmax(plain[0, :-1].double(), -1)])
     assert np.all(m["kl0"] >= 0) and m["kl0"].mean() > 0
 
 
@@ -770,10 +792,10 @@ def test_chunked_window_metrics_equal_the_whole_matrix():
     hidden = {f: torch.randn(37, 16, generator=g) for f in ("fp32", "fp16", "q4_0")}
     hidden["fp16"] = hidden["fp32"] + 1e-3 * hidden["fp16"]
     targets = torch.randint(0, 50, (37,), generator=g)
-    got = decoders.chunked_window_metrics(Net(), hidden, targets, rows=10)
+    got = window_metrics.chunked_window_metrics(Net(), hidden, targets, rows=10)
     with torch.no_grad():
         refs = [torch.log_softmax(Net.lm_head(hidden[r]).double(), -1) for r in ("fp32", "fp16")]
-        whole = decoders.token_metrics(Net.lm_head(hidden["q4_0"]), targets, refs)
+        whole = window_metrics.token_metrics(Net.lm_head(hidden["q4_0"]), targets, refs)
     q = got["q4_0"]
     # the same sums to the float32 rounding of the logits: a matmul of 10 rows may block (and round) its
     # products differently from one of 37 (seen here: 2e-9 relative), so bit-equality is not what it promises
@@ -784,15 +806,15 @@ def test_chunked_window_metrics_equal_the_whole_matrix():
     assert got["fp32"]["kl_fp32_sum"] == 0.0 and got["fp32"]["top1_fp32"] == 37
     Cfg.final_logit_softcapping = 2.0
     with torch.no_grad():
-        capped = decoders.logits_of(Net(), hidden["fp32"])
+        capped = window_metrics.logits_of(Net(), hidden["fp32"])
     assert float(capped.abs().max()) < 2.0
     Cfg.final_logit_softcapping = None
     with pytest.raises(ValueError, match="'hidden' lacks"):
-        decoders.chunked_window_metrics(Net(), {"q4_0": hidden["q4_0"]}, targets)
-    assert decoders.window_tokens(list(range(100)), 2, 30, bos=7) == [7, *range(61, 90)]
-    assert decoders.window_tokens(list(range(100)), 0, 30) == list(range(30))
+        window_metrics.chunked_window_metrics(Net(), {"q4_0": hidden["q4_0"]}, targets)
+    assert window_metrics.window_tokens(list(range(100)), 2, 30, bos=7) == [7, *range(61, 90)]
+    assert window_metrics.window_tokens(list(range(100)), 0, 30) == list(range(30))
     with pytest.raises(ValueError, match="'window'"):
-        decoders.window_tokens(list(range(100)), 3, 30)
+        window_metrics.window_tokens(list(range(100)), 3, 30)
 
 
 @pytest.mark.skipif(not decoders.available("gemma3-270m"), reason="Gemma 3 270M is not installed (make real-model)")
@@ -813,7 +835,7 @@ def test_gemma_banded_attention_gives_the_stock_logits():
         if layer.self_attn.is_sliding:
             layer.self_attn.sliding_window = 24
     text = "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be " * 6
-    ids = decoders.window_tokens(tok(text, add_special_tokens=False)["input_ids"], 0, 80, tok.bos_token_id)
+    ids = window_metrics.window_tokens(tok(text, add_special_tokens=False)["input_ids"], 0, 80, tok.bos_token_id)
     x = torch.tensor([ids])
     with torch.no_grad():
         model.set_attn_implementation("sdpa")              # stock transformers, whatever ran before

@@ -34,7 +34,6 @@ import pandas as pd
 from kvcost import stats
 from kvcost.models import decoders
 from kvcost.numerics import axis
-from kvcost.paths import data_path
 from kvcost.provenance import checked
 
 __all__ = ["DECODERS", "results_path", "windows_name", "load_results", "load_provenance", "run_command", "UNIT_GRID",
@@ -49,7 +48,7 @@ DECODERS = ("smollm2-135m", "gemma3-270m")
 def results_path(model: str, name: str) -> Path:
     """Decoder ``model``'s committed results file ``name`` (in its :attr:`~kvcost.models.decoders.Decoder.data`
     folder)."""
-    return data_path(*Path(decoders.decoder(model).data).parts, name)
+    return decoders.decoder(model).results_file(name)
 
 
 def windows_name(model: str, name: str = "ppl_windows.csv") -> str:

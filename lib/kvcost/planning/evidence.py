@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcost import stats
+from kvcost.models.decoder_registry import DECODERS
 from kvcost.numerics.kernel_facts import KERNELS, kv_format, serves_mla
 from kvcost.paths import data_path
 from kvcost.planning.gpus import GPU, SM100
@@ -42,7 +43,7 @@ def default_accuracy_csv() -> Path:
 
 def default_passkey_csv() -> Path:
     """The committed real-decoder passkey grid (notebook 08's): SmolLM2-135M, 1k to 8k tokens, 20 trials a cell."""
-    return data_path("real_model", "passkey.csv")
+    return DECODERS["smollm2-135m"].results_file("passkey.csv")
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,11 @@ def _smollm2_table(path: Path) -> PasskeyTable:
 def default_passkey_tables() -> tuple[PasskeyTable, ...]:
     """Both real decoders' committed passkey grids: SmolLM2-135M-Instruct (1k to 8k tokens) and Gemma 3 270M
     (4k to 32k; its FP8 kernel rows ran on the MMA-Sim-exact units, Hopper's and Blackwell's)."""
-    gemma = data_path("real_model", "gemma3_270m", "passkey.csv")
+    gemma = DECODERS["gemma3-270m"]
+    grid = gemma.results_file("passkey.csv")
     return (_smollm2_table(default_passkey_csv()),
-            PasskeyTable("Gemma 3 270M", gemma,
-                         (("fa3", FA3_UNIT, gemma), ("fa3:arch=Blackwell", FA3_BLACKWELL, gemma))))
+            PasskeyTable(gemma.title, grid,
+                         (("fa3", FA3_UNIT, grid), ("fa3:arch=Blackwell", FA3_BLACKWELL, grid))))
 
 
 def default_kernel_dir() -> Path:
@@ -103,7 +105,7 @@ KERNEL_BASIS = ("attention kernels on {gpu} emulated on the unit, bit for bit MM
 
 #: What each committed evidence table was measured on, as its README says.
 SYNTHETIC_BASIS = "synthetic head with MiniLM statistics (data/plan_needle), not a decoder"
-PASSKEY_MODEL = "SmolLM2-135M-Instruct"
+PASSKEY_MODEL = DECODERS["smollm2-135m"].title
 #: The FP8 kernel's passkey cells re-run on Hopper's MMA-Sim-exact unit, beside the passkey grid.
 PASSKEY_UNIT_CSV = "passkey_unit.csv"
 

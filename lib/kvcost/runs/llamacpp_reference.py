@@ -17,7 +17,7 @@ transformers' GGUF tokenizer
 token of each replaced by BOS where the decoder says so (:attr:`kvcost.models.decoders.Decoder.bos_first`: Gemma's
 GGUF has ``add_bos_token``, as llama.cpp's perplexity tool does), each evaluated from an empty cache; logits at
 positions C/2 .. C-2 are scored (llama.cpp's perplexity convention), ``--row-chunk`` rows at a time (Gemma's
-262,144-token vocabulary: kvcost.models.decoders.chunked_logit_metrics). The run checks that llama.cpp's BOS and
+262,144-token vocabulary: kvcost.models.window_metrics.chunked_logit_metrics). The run checks that llama.cpp's BOS and
 ``add_bos_token`` are the registry's and records whether llama.cpp's own tokenizer gives the same ids. KL
 divergence is taken from this engine's own f32-cache and f16-cache runs of the same window. This build rotates
 quantized K and V by a Hadamard matrix by default (llama.cpp PR #21038; K in blocks of the largest power of two
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcost import provenance
-from kvcost.models import decoders
+from kvcost.models import decoders, window_metrics
 from kvcost.paths import repo_root
 from kvcost.script_args import checked, int_at_least
 from kvcost.storage import formats, parse_spec
@@ -50,7 +50,7 @@ ROOT = repo_root()
 OUT = ROOT / "data" / "real_model" / "llamacpp_windows.csv"
 #: Where each decoder's rows go by default (beside its kvcost rows, scripts/real_model_ppl.py's).
 #: Each decoder's default output: llamacpp_windows.csv in its results folder (kvcost.models.decoders.Decoder.data).
-OUTS = {d.name: ROOT / "data" / d.data / "llamacpp_windows.csv" for d in decoders.DECODERS.values()}
+OUTS = {d.name: d.results_file("llamacpp_windows.csv") for d in decoders.DECODERS.values()}
 #: The cache specs run by default: every llama.cpp -ctk/-ctv type by kvcost's names, K q8_0 / V q4_0, and each
 #: quantized one '+hadamard' (the build's rotation left on).
 _PLAIN = ["fp32", "fp16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0/q4_0"]
@@ -285,14 +285,14 @@ def main(argv: list[str] | None = None) -> int:
             meta_path, started=True,
             command="python scripts/llamacpp_reference.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             versions=vers, note=note)
-    done = provenance.finished_keys(args.out, decoders.WINDOW_KEY)
-    with provenance.appending(args.out, decoders.WINDOW_FIELDS) as write, \
+    done = provenance.finished_keys(args.out, window_metrics.WINDOW_KEY)
+    with provenance.appending(args.out, window_metrics.WINDOW_FIELDS) as write, \
             tempfile.TemporaryDirectory(prefix="kvcost-llamacpp-") as spill:
         for c in args.context:
             for w in _windows(args, c):
                 if all((c, w, f) in done for f in formats):
                     continue
-                toks = decoders.window_tokens(ids, w, c, bos)
+                toks = window_metrics.window_tokens(ids, w, c, bos)
                 targets = torch.tensor(toks[c // 2 + 1:])
                 rows = args.row_chunk or len(targets)
                 mats, seconds = {}, {}
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                     if fmt == "fp32":      # KL from fp16 needs the fp16 run: fp32's row waits until then
                         continue
                     names = [f for f in (["fp32"] if fmt == "fp16" else []) + [fmt] if (c, w, f) not in done]
-                    sums = decoders.chunked_logit_metrics(
+                    sums = window_metrics.chunked_logit_metrics(
                         lambda f, s, e, mats=mats: torch.from_numpy(np.array(mats[f][s:e], dtype=np.float32)),
                         names, targets, REFERENCES, rows) if names else {}
                     for name in names:

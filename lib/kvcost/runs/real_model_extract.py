@@ -48,7 +48,7 @@ import numpy as np
 
 from kvcost import provenance
 from kvcost.inputs import extracts
-from kvcost.models import decoders, sliding_window
+from kvcost.models import decoders, sliding_window, window_metrics
 from kvcost.paths import repo_root
 
 ROOT = repo_root()
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = decoders.load(dec.name, args.threads)
     ids = tok(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:args.tokens]
     if dec.bos_first:
-        ids = decoders.window_tokens(ids, 0, len(ids), tok.bos_token_id)
+        ids = window_metrics.window_tokens(ids, 0, len(ids), tok.bos_token_id)
     n_layers = model.config.num_hidden_layers
     head_dim = model.config.head_dim if hasattr(model.config, "head_dim") else 64
     kinds = decoders.layer_types(model)

@@ -36,7 +36,7 @@ def default_out(model: str, task: str = "niah_single_1") -> Path:
     """Where decoder ``model``'s rows of ``task`` go by default, in its results folder
     (kvcost.models.decoders.Decoder.data: data/real_model/ for SmolLM2, ``data/real_model/gemma3_270m/`` for Gemma):
     ``passkey.csv`` (:data:`OUT` for SmolLM2) for ``niah_single_1``, ``<task>.csv`` for another RULER task."""
-    return ROOT / "data" / decoders.decoder(model).data / pk.results_name(task)
+    return decoders.decoder(model).results_file(pk.results_name(task))
 
 
 FIELDS = ["context", "trial", "depth", "tokens", "variant", "success", "margin", "seconds"]

@@ -27,7 +27,7 @@ go to data/real_model/gemma3_270m/ppl_windows.csv; its sliding-window layers att
 attention (``--attention banded``, its default: the stock logits to float32 rounding, ``make bench``), each
 window starts with BOS in place of its first token (llama.cpp's perplexity tool does so for a GGUF with
 ``add_bos_token``), and its metrics are computed ``--row-chunk`` rows at a time from the final hidden states
-(kvcost.models.decoders.chunked_window_metrics: its 262,144-token vocabulary would make a window's logits 1 GiB
+(kvcost.models.window_metrics.chunked_window_metrics: its 262,144-token vocabulary would make a window's logits 1 GiB
 per format). A window's rows are then written together, once all its formats are computed. SmolLM2's
 defaults are its committed runs' (stock attention, no BOS, all rows at once).
 """
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from kvcost import provenance
-from kvcost.models import decoders
+from kvcost.models import decoders, window_metrics
 from kvcost.paths import repo_root
 from kvcost.script_args import checked, int_at_least
 
@@ -48,7 +48,7 @@ ROOT = repo_root()
 OUT = ROOT / "data" / "real_model" / "ppl_windows.csv"
 #: Where each decoder's rows go by default.
 #: Each decoder's default output: ppl_windows.csv in its results folder (kvcost.models.decoders.Decoder.data).
-OUTS = {d.name: ROOT / "data" / d.data / "ppl_windows.csv" for d in decoders.DECODERS.values()}
+OUTS = {d.name: d.results_file("ppl_windows.csv") for d in decoders.DECODERS.values()}
 DEFAULT_FORMATS = [
     "fp32", "fp16", "bf16", "fp8_e4m3", "q8_0", "q4_0", "q5_1", "q5_1+hadamard", "q4_0+hadamard", "kivi2",
     "kivi4", "q4_1", "q5_0", "iq4_nl", "q8_0/q4_0", "fp8_e4m3_token", "fp8_e4m3_head", "fp8_e4m3+hadamard",
@@ -123,14 +123,14 @@ def main(argv: list[str] | None = None) -> int:
             **({} if dec.name == decoders.DEFAULT_DECODER else {
                 "model": dec.name, "gguf": dec.gguf, "attention": args.attention, "bos_first": dec.bos_first,
                 "row_chunk": args.row_chunk, "git_commit": provenance.git_commit(), "terms": dec.terms})})
-    done = provenance.finished_keys(args.out, decoders.WINDOW_KEY)
-    with provenance.appending(args.out, decoders.WINDOW_FIELDS) as write:
+    done = provenance.finished_keys(args.out, window_metrics.WINDOW_KEY)
+    with provenance.appending(args.out, window_metrics.WINDOW_FIELDS) as write:
         c = args.context
         for w in windows:
             todo = [f for f in formats if (c, w, f) not in done]
             if not todo:
                 continue
-            x = torch.tensor([decoders.window_tokens(ids, w, c, bos)])
+            x = torch.tensor([window_metrics.window_tokens(ids, w, c, bos)])
             targets = x[0, c // 2 + 1:]
             if args.row_chunk:
                 _chunked_window(model, x, targets, c, w, formats, todo, args.row_chunk, write)
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                     refs.append(torch.log_softmax(cached["fp16"].to(torch.float64), dim=-1))
                 if fmt not in todo:
                     continue
-                m = decoders.token_metrics(logits, targets, refs)
+                m = window_metrics.token_metrics(logits, targets, refs)
                 row = {"context": c, "window": w, "format": fmt, "n": int(m["nll"].size),
                        "nll_sum": repr(float(m["nll"].sum())),
                        "kl_fp32_sum": repr(float(m["kl0"].sum())), "kl_fp16_sum": repr(float(m["kl1"].sum())),
@@ -188,7 +188,7 @@ def _chunked_window(model, x, targets, c: int, w: int, formats: list[str], todo:
         seconds[fmt] = time.perf_counter() - t0
         print(f"context {c} window {w} {fmt}: forward {seconds[fmt]:.1f} s", flush=True)
     t0 = time.perf_counter()
-    sums = decoders.chunked_window_metrics(model, hidden, targets, rows=rows)
+    sums = window_metrics.chunked_window_metrics(model, hidden, targets, rows=rows)
     head = (time.perf_counter() - t0) / len(hidden)           # the heads' time, shared evenly
     for fmt in (f for f in formats if f in todo):
         m = sums[fmt]
