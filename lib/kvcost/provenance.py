@@ -11,6 +11,11 @@ the folder's ``provenance.json``. Every reader goes through :func:`checked`, whi
 whose bytes no longer have the recorded digest, naming both. A run that appends to a committed
 table (:func:`appending`, ``sweep publish``) records the new digest with :func:`record`; after a
 deliberate hand edit, ``python -m kvcost.provenance record data/<file>`` does.
+
+A row is also its own record: a table whose columns end in :data:`CODE_COLUMN` gets, in each row
+:func:`appending` writes, the kvcost version and git commit of the code that wrote it
+(:func:`code_version`, e.g. ``kvcost 0.1.0 30dfeb3a1b2c``, ``+dirty`` where ``lib/`` had uncommitted
+changes), so rows appended over many sessions at many commits each say which they came from.
 """
 from __future__ import annotations
 
@@ -30,9 +35,11 @@ from typing import Any
 
 from kvcost.paths import data_dir, repo_root
 
-__all__ = ["sha256", "versions", "git_commit", "finished_keys", "appending", "checked", "recorded", "record",
-           "write_run", "is_committed", "DIGESTS_FILE"]
+__all__ = ["sha256", "versions", "git_commit", "code_version", "finished_keys", "appending", "checked", "recorded",
+           "record", "write_run", "is_committed", "CODE_COLUMN", "DIGESTS_FILE"]
 
+#: The column in which a results table names the code that wrote each row (:func:`code_version`).
+CODE_COLUMN = "code"
 DIGESTS_FILE = "provenance.json"   # a folder's record for tables without a provenance file of their own
 _MAX_JSON = 1 << 20                # a provenance file is small: larger JSON files are not read for digests
 _DIGEST_CACHE: dict[tuple[str, int, int], str] = {}
@@ -214,6 +221,25 @@ def git_commit(root: str | Path | None = None) -> str:
         return "unknown"
 
 
+def code_version(root: str | Path | None = None) -> str:
+    """What wrote a row: ``"kvcost <version> <commit, 12 hex digits>"``, with ``+dirty`` where the checkout's
+    ``lib/`` has uncommitted changes (the code then is not the commit's) and ``unknown`` outside git."""
+    try:
+        version = metadata.version("kvcost")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    root = root or repo_root()
+    commit = git_commit(root)
+    if commit == "unknown":
+        return f"kvcost {version} unknown"
+    try:
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "lib"], cwd=root, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        dirty = ""
+    return f"kvcost {version} {commit[:12]}{'+dirty' if dirty else ''}"
+
+
 def finished_keys(path: str | Path, key: Sequence[tuple[str, Callable[[str], object]]]) -> set[tuple]:
     """The keys of the rows a resumable run already wrote to ``path`` (empty when it does not exist).
 
@@ -233,16 +259,25 @@ def appending(path: str | Path, fields: Sequence[str]) -> Iterator[Callable[[dic
 
     Each row is flushed as it is written, so an interrupted run loses at most the row in progress
     and resumes from :func:`finished_keys`. A file with a recorded sha256 (a committed table) is
-    checked before anything is appended, and its new digest is recorded after each row.
+    checked before anything is appended, and its new digest is recorded after each row. An existing
+    file must have exactly the columns ``fields`` (ValueError naming both otherwise: a row written under
+    another header would land in the wrong columns). Where ``fields`` has :data:`CODE_COLUMN`, a row
+    without it is given :func:`code_version`, taken once when the run starts.
     """
     path = Path(path)
     new = not path.is_file()
     if not new:
         checked(path)
+        with open(path, newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), [])
+        if header != list(fields):
+            raise ValueError(f"{_rel(path)} has the columns {header}; this run writes {list(fields)} "
+                             f"(a table from before a column was added needs it first)")
+    code = code_version() if CODE_COLUMN in fields else None
     tracked = is_committed(path) or recorded(path) is not None
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(fields))
+        writer = csv.DictWriter(fh, fieldnames=list(fields), lineterminator="\n")
         if new:
             writer.writeheader()
             fh.flush()
@@ -250,6 +285,8 @@ def appending(path: str | Path, fields: Sequence[str]) -> Iterator[Callable[[dic
                 record(path)
 
         def write(row: dict) -> None:
+            if code is not None and CODE_COLUMN not in row:
+                row = {**row, CODE_COLUMN: code}
             writer.writerow(row)
             fh.flush()
             if tracked or recorded(path) is not None:     # a record made meanwhile (sweep publish) counts too

@@ -23,9 +23,10 @@ __all__ = ["WINDOW_FIELDS", "WINDOW_KEY", "chunked_logit_metrics", "chunked_wind
            "token_metrics", "window_tokens"]
 
 #: The columns of a per-window perplexity row, shared by our runs and llama.cpp's (``scripts/real_model_ppl.py``,
-#: ``scripts/llamacpp_reference.py``), and the key that makes a row finished.
+#: ``scripts/llamacpp_reference.py``), the last naming the code that wrote the row (kvcost.provenance.CODE_COLUMN),
+#: and the key that makes a row finished.
 WINDOW_FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
-                 "correct", "seconds"]
+                 "correct", "seconds", "code"]
 WINDOW_KEY = [("context", int), ("window", int), ("format", str)]
 
 

@@ -39,7 +39,7 @@ def default_out(model: str, task: str = "niah_single_1") -> Path:
     return decoders.decoder(model).results_file(pk.results_name(task))
 
 
-FIELDS = ["context", "trial", "depth", "tokens", "variant", "success", "margin", "seconds"]
+FIELDS = ["context", "trial", "depth", "tokens", "variant", "success", "margin", "seconds", provenance.CODE_COLUMN]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
