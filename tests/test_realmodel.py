@@ -1001,3 +1001,25 @@ def test_committed_gemma_8k_windows_keep_the_2k_storage_order():
     assert kl["fp16"] < kl["q8_0"] < kl["int8_token"] < kl["fp8_e4m3"] < kl["kivi4"] < kl["nvfp4"] < kl["q4_0"]
     two_k = real.format_table(df[df["context"] == 2048]).set_index("format")["kl"]
     assert kl["q4_0"] == pytest.approx(two_k["q4_0"], rel=0.1)
+
+
+def test_gemma_ppl_rows_move_with_the_thread_count_not_the_code():
+    """The README's 'How far a row reproduces': at one thread the code of 720f5fa and of today's give the same
+    window-0 sums to the last bits; at two threads the fp32 and fp16 rows barely move but q4_0's summed NLL
+    moves by about 10 nats and K q8_0/V q4_0's by about 2."""
+    import pandas as pd
+
+    from kvcost import provenance
+
+    path = decoders.decoder("gemma3-270m").results_file("ppl_threads.csv")
+    df = pd.read_csv(provenance.checked(path))
+    one = df[df.threads == 1]
+    by_code = one.pivot_table(index="format", columns="code", values="nll_sum")
+    shared = by_code.dropna()
+    assert list(shared.index) == ["fp16", "fp32", "q4_0"] and shared.shape[1] == 2
+    assert (shared.iloc[:, 0] - shared.iloc[:, 1]).abs().max() < 1e-9
+    two = df[df.threads == 2].set_index("format").nll_sum
+    now = one.groupby("format").nll_sum.first()
+    shift = (now - two).abs()
+    assert shift["fp32"] < 1e-3 and shift["fp16"] < 0.05
+    assert 5 < shift["q4_0"] < 20 and 1 < shift["q8_0/q4_0"] < 5
