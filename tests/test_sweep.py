@@ -364,3 +364,26 @@ def test_script_argument_types_name_what_is_allowed():
     assert fmt("q4_0+hadamard") == "q4_0+hadamard"
     with pytest.raises(argparse.ArgumentTypeError, match="parameter 'fmt' must be one of"):
         fmt("q9")
+
+
+def test_gemma_sweeps_cover_every_committed_cell():
+    """Gemma 3 270M's grids are sweeps (issue 24): every committed passkey cell (context, trial, variant) and
+    every perplexity row (context, window, format; fp32 and fp16 are each run's references) is a point of
+    gemma_passkey's or gemma_ppl's grid, and both publish into the decoder's folder."""
+    import pandas as pd
+
+    from kvcost import provenance
+    from kvcost.models import decoder_registry
+
+    gemma = decoder_registry.DECODERS["gemma3-270m"]
+    pk, ppl = sweep.load("gemma_passkey"), sweep.load("gemma_ppl")
+    assert pk.publish == gemma.results_file("passkey.csv") and ppl.publish == gemma.results_file("ppl_windows.csv")
+    grid = {(r.params["context"], r.params["trial"], v) for r in pk.runs for v in r.params["variants"]}
+    rows = pd.read_csv(provenance.checked(gemma.results_file("passkey.csv")))
+    cells = set(zip(rows.context, rows.trial, rows.variant))
+    assert cells <= grid and len(cells) > 1000
+    windows = {(r.params["context"], r.params["window"], f) for r in ppl.runs
+               for f in ["fp32", "fp16", *r.params["formats"]]}
+    rows = pd.read_csv(provenance.checked(gemma.results_file("ppl_windows.csv")))
+    assert set(zip(rows.context, rows.window, rows.format)) <= windows
+    assert {r.params["context"] for r in ppl.runs} == {2048, 8192, 32768}
