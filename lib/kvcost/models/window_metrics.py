@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from kvcost.provenance import CODE_COLUMN
+
 __all__ = ["WINDOW_FIELDS", "WINDOW_KEY", "chunked_logit_metrics", "chunked_window_metrics", "logits_of",
            "token_metrics", "window_tokens"]
 
@@ -26,7 +28,7 @@ __all__ = ["WINDOW_FIELDS", "WINDOW_KEY", "chunked_logit_metrics", "chunked_wind
 #: ``scripts/llamacpp_reference.py``), the last naming the code that wrote the row (kvcost.provenance.CODE_COLUMN),
 #: and the key that makes a row finished.
 WINDOW_FIELDS = ["context", "window", "format", "n", "nll_sum", "kl_fp32_sum", "kl_fp16_sum", "top1_fp32", "top1_fp16",
-                 "correct", "seconds", "code"]
+                 "correct", "seconds", CODE_COLUMN]
 WINDOW_KEY = [("context", int), ("window", int), ("format", str)]
 
 
