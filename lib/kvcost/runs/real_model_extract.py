@@ -31,6 +31,12 @@ three stages there: ``k_proj``'s output (``k_pre``), after QK-norm (``k_norm``, 
 (``k_post``); each row says the layer's attention type (``layer_type``: sliding or full), and a query's
 sink share (weight on token 0, BOS) is NaN in a sliding layer whose window no longer reaches token 0.
 
+``--check`` (what ``make real-model`` runs) writes nothing into the repository: it extracts into a temporary
+folder and compares with the committed files (:func:`compare_outputs`), so a fresh clone stays clean: a float32
+forward pass moves in its last bits with the BLAS and CPU, so the statistics are held to ``STATS_RTOL`` and the
+float16 arrays to one float16 rounding (``ARRAY_RTOL``), their integer and text members exactly; it exits 1 naming
+each file and column that differs by more.
+
 ``--heads`` writes instead the every-head extract notebook 10's haystacks read (``smollm2_heads.npz`` /
 ``gemma3_270m_heads.npz`` and its ``.json``; the statistics files are left as they are): the same file
 format for every layer that attends over the whole context (SmolLM2: all 30; Gemma: its global layers 5, 11
@@ -61,6 +67,13 @@ GEMMA_LAYERS = (0, 5, 6, 17)
 Q_ROWS = 64
 #: Query rows per head in the every-head extract (``--heads``): one per haystack notebook 10 draws.
 HEADS_Q_ROWS = 8
+#: ``--check``'s tolerance on the statistics CSVs (relative): a float32 forward pass on another CPU or BLAS
+#: moved them by at most 4e-6 (2026-12-02, this machine against the committed rows).
+STATS_RTOL = 1e-4
+#: ``--check``'s tolerance on the float16 arrays: two float16 roundings (2^-10 relative each) of float32 values
+#: that differ in their last bits; ``ARRAY_ATOL`` for values near zero (the smallest float16 normal).
+ARRAY_RTOL = 2.0 ** -9
+ARRAY_ATOL = 2.0 ** -14
 
 
 def head_stats(k_pre: np.ndarray, k_post: np.ndarray, v: np.ndarray, k_norm: np.ndarray | None = None,
@@ -115,6 +128,56 @@ def query_stats(q: np.ndarray, k: np.ndarray, rows: int, scaling: float | None =
     return out
 
 
+def compare_outputs(committed: Path, fresh: Path, names: list[str]) -> list[str]:
+    """What differs between two extracts beyond float32 rounding, one line per file or column (empty: they
+    agree). ``names`` are file names in both folders: ``.csv`` tables (integer and text columns exactly, float
+    columns to ``STATS_RTOL``, NaN where NaN) and ``.npz`` extracts (float members to ``ARRAY_RTOL`` /
+    ``ARRAY_ATOL``, the rest exactly; ``meta`` is not compared: it carries the versions and date)."""
+    import pandas as pd
+
+    problems = []
+    for name in names:
+        a_path, b_path = committed / name, fresh / name
+        if not a_path.is_file():
+            problems.append(f"{name}: not in {committed}")
+            continue
+        if name.endswith(".csv"):
+            a, b = pd.read_csv(a_path), pd.read_csv(b_path)
+            if list(a.columns) != list(b.columns) or len(a) != len(b):
+                problems.append(f"{name}: columns or rows differ ({a.shape} committed, {b.shape} now)")
+                continue
+            for col in a.columns:
+                x, y = a[col].to_numpy(), b[col].to_numpy()
+                if a[col].dtype.kind == "f" or b[col].dtype.kind == "f":
+                    x, y = x.astype(np.float64), y.astype(np.float64)
+                    ok = np.isclose(x, y, rtol=STATS_RTOL, atol=0.0, equal_nan=True)
+                    if not ok.all():
+                        rel = np.abs(x - y) / np.maximum(np.abs(x), np.finfo(np.float64).tiny)
+                        worst = np.nanmax(np.where(ok, 0.0, rel))
+                        problems.append(f"{name}: column {col} differs in {int((~ok).sum())} rows (largest "
+                                        f"relative difference {worst:.2g} > {STATS_RTOL:g})")
+                elif not np.array_equal(x, y):
+                    problems.append(f"{name}: column {col} differs in {int((x != y).sum())} rows")
+        else:
+            with np.load(a_path) as za, np.load(b_path) as zb:
+                if sorted(za.files) != sorted(zb.files):
+                    problems.append(f"{name}: members differ ({sorted(za.files)} committed, {sorted(zb.files)} now)")
+                    continue
+                for key in (k for k in za.files if k != "meta"):
+                    x, y = za[key], zb[key]
+                    if x.shape != y.shape:
+                        problems.append(f"{name}: {key} has shape {y.shape}, committed {x.shape}")
+                    elif x.dtype.kind == "f":
+                        x64, y64 = x.astype(np.float64), y.astype(np.float64)
+                        ok = np.isclose(x64, y64, rtol=ARRAY_RTOL, atol=ARRAY_ATOL, equal_nan=True)
+                        if not ok.all():
+                            problems.append(f"{name}: {key} differs in {int((~ok).sum())} of {x.size} values by more "
+                                            f"than float16 rounding (largest {np.max(np.abs(x64 - y64)):.3g})")
+                    elif not np.array_equal(x, y):
+                        problems.append(f"{name}: {key} differs")
+    return problems
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The checked command line: ``--out`` defaults per model."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -125,6 +188,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="default data/real_model/[gemma3_270m/]")
     ap.add_argument("--heads", action="store_true",
                     help="write the every-head extract (<model>_heads.npz: every full-attention layer, no k_pre)")
+    ap.add_argument("--check", action="store_true",
+                    help="extract into a temporary folder and compare with the committed files (writes nothing "
+                         "here; exit 1 if they differ beyond float32 rounding)")
     ap.add_argument("--q-rows", type=int, default=None,
                     help=f"query rows kept per head (default {Q_ROWS}; {HEADS_Q_ROWS} with --heads)")
     args = ap.parse_args(argv)
@@ -140,6 +206,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.check:
+        return _check(args, argv)
     dec = decoders.decoder(args.model)
     smol = dec.name == decoders.DEFAULT_DECODER
     stem = Path(dec.extract_file(args.heads)).stem
@@ -236,6 +304,29 @@ def main(argv: list[str] | None = None) -> int:
         note={**meta, "bytes": npz.stat().st_size},
         outputs=[npz, *stats_files])
     print(f"wrote {npz} ({npz.stat().st_size} bytes)" + (", head_stats.csv, query_stats.csv" if stats_files else ""))
+    return 0
+
+
+def _check(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``--check``: the same extract into a temporary folder, compared with the committed one."""
+    import tempfile
+
+    dec = decoders.decoder(args.model)
+    stem = Path(dec.extract_file(args.heads)).stem
+    names = [f"{stem}.npz"] + ([] if args.heads else ["head_stats.csv", "query_stats.csv"])
+    given = list(argv if argv is not None else sys.argv[1:])
+    flags = [a for i, a in enumerate(given)      # the same flags, less --check and --out (the committed folder)
+             if a != "--check" and not a.startswith("--out=") and "--out" not in [*given[i - 1:i], a]]
+    with tempfile.TemporaryDirectory(prefix="kvcost-extract-") as tmp:
+        main([*flags, "--out", tmp])
+        problems = compare_outputs(args.out, Path(tmp), names)
+    if problems:
+        print(f"real_model_extract.py --check: the committed extract in {args.out} is not reproduced:", *problems,
+              sep="\n  ", file=sys.stderr)
+        return 1
+    print(f"real_model_extract.py --check: {', '.join(names)} reproduce the committed files in "
+          f"{args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out} to float32 rounding "
+          f"(statistics to {STATS_RTOL:g} relative, float16 arrays to {ARRAY_RTOL:g})")
     return 0
 
 
