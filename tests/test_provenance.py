@@ -1,5 +1,6 @@
 """Provenance helpers: digests, versions and the commit recorded beside committed results."""
 import hashlib
+import os
 import platform
 
 import pytest
@@ -94,3 +95,14 @@ def test_committed_real_decoder_tables_name_the_code_of_every_row():
     if not shallow:
         for c in commits:
             assert subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=data_path()).returncode == 0, c
+
+
+def test_write_run_records_the_machine_when_asked(tmp_path):
+    """A real-decoder run's record names its CPU: a coarse format's row moves with it."""
+    import json
+
+    rec = provenance.machine_record()
+    assert set(rec) >= {"cpu", "arch", "cpus"} and rec["cpus"] == os.cpu_count() and rec["cpu"]
+    out = provenance.write_run(tmp_path / "run.json", command="x", machine=True)
+    assert json.loads(out.read_text())["machine"] == rec
+    assert "machine" not in json.loads(provenance.write_run(tmp_path / "b.json", command="x").read_text())

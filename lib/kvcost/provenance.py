@@ -163,13 +163,14 @@ def record(path: str | Path, meta: str | Path | None = None) -> Path:
 def write_run(out_json: str | Path, *, command: str | None, outputs: Iterable[str | Path] = (),
               inputs: Mapping[str, str | Path] | None = None, versions: Mapping[str, str] | None = None,
               note: Mapping[str, Any] | None = None, git: bool = False, cpus: bool = False,
-              started: bool = False) -> Path:
+              started: bool = False, machine: bool = False) -> Path:
     """Write a run's provenance, ``out_json``, the one way every job in :mod:`kvcost.runs` does; returns it.
 
     The JSON object holds ``note``'s entries (the run's own: parameters, model digests, row counts …), then,
     each replacing an entry of ``note`` by the same name: ``"command"`` (unless None), the UTC date as
     ``YYYY-MM-DD`` (under ``"date"``, or ``"started"`` for a resumable run), ``"versions"`` (when given),
-    ``"git_commit"`` (``git``), ``"cpus"`` (``cpus``: ``os.cpu_count()``), ``"inputs"`` (``{name: sha256 of
+    ``"git_commit"`` (``git``), ``"cpus"`` (``cpus``: ``os.cpu_count()``), ``"machine"`` (``machine``:
+    :func:`machine_record`, for results whose last bits follow the CPU), ``"inputs"`` (``{name: sha256 of
     path}`` for each of ``inputs``) and ``"sha256"`` (``{file name: digest}`` of each of ``outputs``: what
     :func:`checked` reads). Sorted keys, one-space indent, replaced atomically (as :func:`record` writes).
 
@@ -190,6 +191,8 @@ def write_run(out_json: str | Path, *, command: str | None, outputs: Iterable[st
         data["git_commit"] = git_commit()
     if cpus:
         data["cpus"] = os.cpu_count()
+    if machine:
+        data["machine"] = machine_record()
     if inputs is not None:
         data["inputs"] = {name: sha256(path) for name, path in inputs.items()}
     outputs = [Path(p) for p in outputs]
@@ -198,6 +201,27 @@ def write_run(out_json: str | Path, *, command: str | None, outputs: Iterable[st
     out_json.parent.mkdir(parents=True, exist_ok=True)
     _write_json(out_json, data)
     return out_json
+
+
+def machine_record() -> dict[str, Any]:
+    """The CPU a run ran on, for a result that moves with it (a coarse storage format's perplexity does:
+    data/real_model/README.md, 'How far a row reproduces'): the processor's model name (Linux's /proc/cpuinfo;
+    ``platform.processor()`` elsewhere), the architecture, the core count and, when torch is already imported,
+    the vector instructions its CPU kernels use."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    out: dict[str, Any] = {"cpu": model or platform.processor() or "unknown", "arch": platform.machine(),
+                           "cpus": os.cpu_count()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return out
 
 
 def versions(packages: Sequence[str] = ("numpy", "pandas", "ml_dtypes", "numba", "kvcost"),

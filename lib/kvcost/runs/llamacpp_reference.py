@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                             "to the window",
                 "rotation_blocks": {f: list(b) for f, b in blocks.items() if b != (None, None)}})
         provenance.write_run(
-            meta_path, started=True,
+            meta_path, started=True, machine=True,
             command="python scripts/llamacpp_reference.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             versions=vers, note=note)
     done = provenance.finished_keys(args.out, window_metrics.WINDOW_KEY)

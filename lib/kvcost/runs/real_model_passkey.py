@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     attn.register(model)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     provenance.write_run(
-        args.out.with_suffix(".json"), started=True,
+        args.out.with_suffix(".json"), started=True, machine=True,
         command="python scripts/real_model_passkey.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         versions=decoders.versions(args.model),
         note={"model": args.model, "task": args.task, "gguf_sha256": provenance.sha256(decoders.gguf_path(args.model))})

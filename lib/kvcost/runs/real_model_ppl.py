@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  "; --text pride_and_prejudice_full is the whole novel"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     provenance.write_run(
-        args.out.with_suffix(".json"), started=True,
+        args.out.with_suffix(".json"), started=True, machine=True,
         command="python scripts/real_model_ppl.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         versions=decoders.versions(dec.name), note={
             "gguf_sha256": provenance.sha256(decoders.gguf_path(dec.name)),
