@@ -251,6 +251,11 @@ def test_storage_growth_is_a_welch_ratio_and_the_reading_knows_kept_grown_and_un
     assert two.storage_growth(_windows({2048: [0.1, 0.1], 8192: [0.1]}), 2048, 8192).empty
     assert claims.growth_reading({"gemma3-270m": two.storage_growth(
         _windows({2048: [0.1, 0.11], 8192: [0.1, 0.11]}, fmt="fp16"), 2048, 8192)}) is None
+    # two pairs of contexts in one decoder's rows: each read on its own, a grown pair decides
+    w = _windows({2048: [0.10, 0.11, 0.09, 0.10], 8192: [0.10, 0.105, 0.095], 32768: [0.30, 0.31]})
+    both = pd.concat([two.storage_growth(w, 2048, 8192), two.storage_growth(w, 8192, 32768)], ignore_index=True)
+    r = claims.growth_reading({"gemma3-270m": both})
+    assert r.agrees is False and "8,192 against 2,048 tokens" in r.computed and "32,768 against 8,192" in r.computed
 
 
 def test_the_margin_measure_gives_the_known_answer_on_the_committed_split_rows():

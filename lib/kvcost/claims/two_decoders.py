@@ -157,17 +157,20 @@ def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str, task: str 
 def growth_reading(growth: Mapping[str, pd.DataFrame], factor: float = 1.5) -> Check | None:
     """Storage's loss is per value, so a stored format's KL should not grow with the context (only accumulation's
     loss grows with n). ``growth``: decoder name → kvcost.experiments.two_decoders.storage_growth (fp16 and bf16,
-    the references' own rounding, left out). Holds where every format's interval excludes growth beyond ``factor``,
-    does not where one's interval lies above ``factor``; otherwise the windows cannot say, and the text gives
-    how many formats each way."""
+    the references' own rounding, left out; its rows may hold several pairs of contexts, each read on its own).
+    Holds where every format's interval excludes growth beyond ``factor``, does not where one's interval lies
+    above ``factor``; otherwise the windows cannot say, and the text gives how many formats each way."""
     parts, calls = [], []
-    for model, g in growth.items():
-        g = g[~g["format"].isin(["fp16", "bf16"])]
+    pairs = ((model, pair) for model, g in growth.items()
+             for pair in g[["base", "longer"]].drop_duplicates().itertuples(index=False))
+    for model, (base, longer) in pairs:
+        g = growth[model]
+        g = g[(g["base"] == base) & (g["longer"] == longer) & ~g["format"].isin(["fp16", "bf16"])]
         if g.empty:
             continue
         grows = g[g["lo"] > 1]
         excluded = int((g["hi"] <= factor).sum())
-        base, longer = int(g["base"].iloc[0]), int(g["longer"].iloc[0])
+        base, longer = int(base), int(longer)
         parts.append(f"{_title(model)}, {longer:,} against {base:,} tokens ({int(g['windows_longer'].min())}–"
                      f"{int(g['windows_base'].max())} windows): KL ratio median ×{g['ratio'].median():.2f} over "
                      f"{len(g)} formats, growth beyond ×{factor:g} excluded for {excluded}, growth detected for "
