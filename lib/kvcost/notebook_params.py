@@ -205,6 +205,9 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
                                          "decoders' committed windows have)"),
         Int("long_context", 8192, lo=256, doc="the longer window the storage loss at `context` is set against "
                                               "(does a stored format's KL grow with the context?)"),
+        Int("longest_context", 32768, lo=256, doc="the longest window, set against `long_context` for a decoder "
+                                                  "whose committed windows reach it (Gemma 3 270M: 32k; SmolLM2 "
+                                                  "stops at 8k)"),
         IntList("passkey_contexts", [4096, 8192, 16384, 32768], lo=256,
                 doc="prompt lengths of the passkey comparison (one family per decoder over them; a context a "
                     "decoder's grid lacks is left out for it)"),
