@@ -195,3 +195,74 @@ def test_window_metrics_bench_row_compares_the_two_sums():
     assert row.seconds > 0 and row.value > 0
     agree = float(row.note.rsplit("agree to ", 1)[1].split()[0])
     assert agree <= 1e-10
+
+
+class _FakeLowLevel:
+    """llama_cpp's four batch calls, recording what each llama_decode call was given; the logits of a flagged
+    token are its position in every column, so a row copied to the wrong place shows."""
+
+    def __init__(self, cols, fail_at=None):
+        import numpy as np
+
+        self.np, self.cols, self.fail_at, self.calls, self.freed = np, cols, fail_at, [], 0
+        self._rows = None
+
+    def llama_batch_init(self, n_tokens, embd, n_seq_max):
+        assert (embd, n_seq_max) == (0, 1)
+
+        class Batch:
+            pass
+
+        b = Batch()
+        b.n_tokens, b.token, b.pos, b.n_seq_id = 0, [None] * n_tokens, [None] * n_tokens, [None] * n_tokens
+        b.seq_id, b.logits = [[None] for _ in range(n_tokens)], [None] * n_tokens
+        return b
+
+    def llama_batch_free(self, batch):
+        self.freed += 1
+
+    def llama_decode(self, ctx, batch):
+        n = batch.n_tokens
+        call = {"ctx": ctx, "tokens": batch.token[:n], "pos": batch.pos[:n], "seq": [s[0] for s in batch.seq_id[:n]],
+                "n_seq_id": batch.n_seq_id[:n], "flags": [bool(f) for f in batch.logits[:n]]}
+        self.calls.append(call)
+        if self.fail_at is not None and self.fail_at in call["pos"]:
+            return 1
+        out = [p for p, f in zip(call["pos"], call["flags"]) if f]
+        self._rows = self.np.repeat(self.np.array(out, dtype=self.np.float32)[:, None], self.cols, axis=1)
+        return 0
+
+    def llama_get_logits(self, ctx):
+        import ctypes
+
+        return self._rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+def test_decode_scored_asks_for_the_scored_rows_only_and_places_each(tmp_path, monkeypatch):
+    """A window is fed DECODE_CHUNK tokens per llama_decode call at positions 0, 1, …, sequence 0; only positions
+    C/2 .. C-2 ask for logits, and each call's rows land at their positions' rows of the buffer (in RAM and on
+    disk alike); a failed call names its tokens and the batch is freed either way."""
+    np = pytest.importorskip("numpy")
+    c, cols = 40, 7
+    toks = list(range(100, 100 + c))
+    low = _FakeLowLevel(cols)
+    out = ref.decode_scored(low, "ctx", toks, c // 2, ref.scored_buffer(c // 2 - 1, cols, tmp_path, "fp32"), chunk=16)
+    assert [len(k["tokens"]) for k in low.calls] == [16, 16, 8] and low.freed == 1
+    assert [t for k in low.calls for t in k["tokens"]] == toks
+    assert [p for k in low.calls for p in k["pos"]] == list(range(c))
+    assert all(s == 0 for k in low.calls for s in k["seq"]) and all(n == 1 for k in low.calls for n in k["n_seq_id"])
+    flagged = [p for k in low.calls for p, f in zip(k["pos"], k["flags"]) if f]
+    assert flagged == list(range(c // 2, c - 1))                      # llm.scores[c//2:c-1] of --logits-all
+    assert not any(low.calls[0]["flags"])                              # a call with no scored position asks none
+    assert np.array_equal(out[:, 0], np.arange(c // 2, c - 1, dtype=np.float32)) and (out == out[:, :1]).all()
+    assert not isinstance(out, np.memmap)
+    monkeypatch.setattr(ref, "SPILL_BYTES", 64)
+    disk = ref.decode_scored(_FakeLowLevel(cols), "ctx", toks, c // 2,
+                             ref.scored_buffer(c // 2 - 1, cols, tmp_path, "q4_0"), chunk=512)
+    assert isinstance(disk, np.memmap) and np.array_equal(np.load(tmp_path / "q4_0.npy"), out)
+    failing = _FakeLowLevel(cols, fail_at=17)
+    with pytest.raises(RuntimeError, match=r"llama_decode returned 1 for tokens 16\.\.31"):
+        ref.decode_scored(failing, "ctx", toks, c // 2, ref.scored_buffer(c // 2 - 1, cols, tmp_path, "x"), chunk=16)
+    assert failing.freed == 1
+    with pytest.raises(ValueError, match="parameter 'first'"):
+        ref.decode_scored(low, "ctx", toks, 30, ref.scored_buffer(19, cols, tmp_path, "y"))

