@@ -30,9 +30,9 @@ from kvcost.paths import data_path
 from kvcost.provenance import checked
 from kvcost.retrieval import haystacks, measure
 
-__all__ = ["COMMITTED", "EVERY_HEAD_KERNELS", "GEMMA_HEAD_GRIDS", "LAW_FRAC_BITS", "committed", "first_loss", "grid",
-           "head_rates", "head_spread", "law_fit", "law_grid", "pick_heads", "restored", "slice_check", "SLICE_TOL",
-           "summary"]
+__all__ = ["COMMITTED", "EVERY_HEAD_KERNELS", "GEMMA_HEAD_GRIDS", "LAW_FRAC_BITS", "SLICE_TOL", "SMOLLM2_HEAD_GRIDS",
+           "committed", "first_loss", "grid", "head_rates", "head_spread", "law_fit", "law_grid", "pick_heads",
+           "restored", "slice_check", "summary"]
 
 #: The committed grid and law runs (scripts/which_gpu_grid.py, sweeps/which_gpu.yaml): a folder of the package
 #: data (``data/which_gpu`` in a checkout).
@@ -47,6 +47,9 @@ EVERY_HEAD_KERNELS = ("FA4 FP8, offset 8, stale max 4 (PR #2109)", "FA3 FP8, no 
 #: The same kernels on every query head of Gemma 3 270M's global layers (haystacks.QUERY_SOURCES "gemma3-heads"),
 #: one committed table per context run.
 GEMMA_HEAD_GRIDS = ("grid_heads_gemma.csv", "grid_heads_gemma_32k.csv", "grid_heads_gemma_128k.csv")
+#: SmolLM2's every-head grid beyond 4k (grid_heads.csv): the same kernels, heads and haystacks per head at 32k and
+#: 128k, one committed table per context run (sweeps/which_gpu_heads.yaml).
+SMOLLM2_HEAD_GRIDS = ("grid_heads_32k.csv", "grid_heads_128k.csv")
 _BATCH_ELEMENTS = 1 << 25
 
 
