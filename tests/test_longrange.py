@@ -305,3 +305,26 @@ def test_head_spread_shows_what_a_pooled_rate_hides():
     assert "2 heads lost at least one haystack, 1 lost every one, in layers 3" in text
     assert f"No loss detected for the other 1 kernels: every haystack kept on every head (a loss rate above " \
            f"{1 - clean['lo']:.1%} would have been seen)" in text
+
+
+def test_every_head_grids_of_smollm2_cover_every_head_and_reproduce_live():
+    """The committed every-head grids at 32k and 128k (wg.SMOLLM2_HEAD_GRIDS, beside grid_heads.csv at 4k): each
+    one context, the six kernels on all 270 heads x 2 haystacks, run as the 4k grid was; two heads of the 32k grid
+    recomputed here give the committed rows."""
+    from kvcost.experiments import which_gpu as wg
+    from kvcost.numerics import kernels as kern
+    expect = dict(source="smollm2-heads", heads="all", trials=2, needle_weight=0.05, seed=0, phase="chunked prefill")
+    contexts = []
+    for name in ("grid_heads.csv", *wg.SMOLLM2_HEAD_GRIDS):
+        df, _ = wg.committed(name, expect)
+        assert df["n_tokens"].nunique() == 1 and df["head"].nunique() == 270 and set(df["trial"]) == {0, 1}
+        assert set(df["kernel"]) == set(wg.EVERY_HEAD_KERNELS) and len(df) == 270 * 2 * 6
+        contexts.append(int(df["n_tokens"].iloc[0]))
+    assert contexts == [4096, 32768, 131072]
+    committed_32k, _ = wg.committed(wg.SMOLLM2_HEAD_GRIDS[0], expect)
+    heads = [h for h in haystacks.query_heads("smollm2-heads") if h.label in ("L0q0", "L17q4")]
+    label = "FA4 FP8, offset 8, stale max 4 (PR #2109)"
+    live = wg.grid(kern.lineup([label], phase="chunked prefill", head_dim=64), heads, 32768, 2, 0.05, 0)
+    assert "kept" in live
+    check = wg.slice_check(committed_32k, live)
+    assert check["rows"] == 4 and check["same_to_rounding"] and check["kept_agree"], check
