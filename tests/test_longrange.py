@@ -328,3 +328,13 @@ def test_every_head_grids_of_smollm2_cover_every_head_and_reproduce_live():
     assert "kept" in live
     check = wg.slice_check(committed_32k, live)
     assert check["rows"] == 4 and check["same_to_rounding"] and check["kept_agree"], check
+
+
+def test_the_planner_reads_the_every_head_grids_first():
+    """evidence.KERNEL_GRIDS spells notebook 10's file names again (the planner's path stays free of numpy, so it
+    cannot import kvcost.experiments.which_gpu): the every-head grids come first, in wg's order."""
+    from kvcost.experiments import which_gpu as wg
+    from kvcost.planning import evidence
+    every = ("grid_heads.csv", *wg.SMOLLM2_HEAD_GRIDS)
+    assert evidence.KERNEL_GRIDS[:len(every)] == every
+    assert all((evidence.default_kernel_dir() / name).is_file() for name in evidence.KERNEL_GRIDS)
