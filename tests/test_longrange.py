@@ -308,26 +308,43 @@ def test_head_spread_shows_what_a_pooled_rate_hides():
 
 
 def test_every_head_grids_of_smollm2_cover_every_head_and_reproduce_live():
-    """The committed every-head grids at 32k and 128k (wg.SMOLLM2_HEAD_GRIDS, beside grid_heads.csv at 4k): each
-    one context, the six kernels on all 270 heads x 2 haystacks, run as the 4k grid was; two heads of the 32k grid
-    recomputed here give the committed rows."""
+    """The committed every-head grids at 4k, 32k and 128k (grid_heads.csv and wg.SMOLLM2_HEAD_GRIDS): each one
+    context, every kernel of the registry on all 270 heads x 2 haystacks; a head of the 32k grid recomputed here
+    through a kernel of the first six and one of the seven added later gives the committed rows."""
     from kvcost.experiments import which_gpu as wg
     from kvcost.numerics import kernels as kern
+    assert sorted(wg.EVERY_HEAD_KERNELS) == sorted(kern.KERNELS) and len(wg.EVERY_HEAD_KERNELS) == 13
     expect = dict(source="smollm2-heads", heads="all", trials=2, needle_weight=0.05, seed=0, phase="chunked prefill")
     contexts = []
     for name in ("grid_heads.csv", *wg.SMOLLM2_HEAD_GRIDS):
         df, _ = wg.committed(name, expect)
         assert df["n_tokens"].nunique() == 1 and df["head"].nunique() == 270 and set(df["trial"]) == {0, 1}
-        assert set(df["kernel"]) == set(wg.EVERY_HEAD_KERNELS) and len(df) == 270 * 2 * 6
+        assert sorted(df["kernel"].unique()) == sorted(wg.EVERY_HEAD_KERNELS) and len(df) == 270 * 2 * 13
+        assert not df.duplicated(["kernel", "head", "trial"]).any()
         contexts.append(int(df["n_tokens"].iloc[0]))
     assert contexts == [4096, 32768, 131072]
     committed_32k, _ = wg.committed(wg.SMOLLM2_HEAD_GRIDS[0], expect)
     heads = [h for h in haystacks.query_heads("smollm2-heads") if h.label in ("L0q0", "L17q4")]
-    label = "FA4 FP8, offset 8, stale max 4 (PR #2109)"
-    live = wg.grid(kern.lineup([label], phase="chunked prefill", head_dim=64), heads, 32768, 2, 0.05, 0)
+    labels = ["FA4 FP8, offset 8, stale max 4 (PR #2109)", "fmha_v2 FP8, one register"]
+    live = wg.grid(kern.lineup(labels, phase="chunked prefill", head_dim=64), heads, 32768, 2, 0.05, 0)
     assert "kept" in live
     check = wg.slice_check(committed_32k, live)
-    assert check["rows"] == 4 and check["same_to_rounding"] and check["kept_agree"], check
+    assert check["rows"] == 8 and check["same_to_rounding"] and check["kept_agree"], check
+
+
+def test_every_head_grids_of_gemma_cover_its_global_heads():
+    """Gemma 3 270M's every-head grids (wg.GEMMA_HEAD_GRIDS): the 12 query heads of its global layers x 2
+    haystacks at 4k, 32k and 128k; every kernel of the registry at 4k and 32k, the six run first at 128k (the
+    other seven there are sweeps/which_gpu_heads_gemma.yaml's run 3, not yet run)."""
+    from kvcost.experiments import which_gpu as wg
+    expect = dict(source="gemma3-heads", heads="all", trials=2, needle_weight=0.05, seed=0, phase="chunked prefill")
+    kernels_run = {4096: 13, 32768: 13, 131072: 6}
+    for name in wg.GEMMA_HEAD_GRIDS:
+        df, _ = wg.committed(name, expect)
+        assert df["n_tokens"].nunique() == 1 and df["head"].nunique() == 12 and set(df["layer"]) == {5, 11, 17}
+        k = kernels_run.pop(int(df["n_tokens"].iloc[0]))
+        assert sorted(df["kernel"].unique()) == sorted(wg.EVERY_HEAD_KERNELS[:k]) and len(df) == 12 * 2 * k
+    assert not kernels_run
 
 
 def test_the_planner_reads_the_every_head_grids_first():

@@ -161,8 +161,9 @@ SCHEMAS: dict[str, Schema] = {s.stem: s for s in [
         Int("focus_heads", 16, lo=2, hi=45, doc="query heads at focus_n"),
         Int("focus_trials", 2, lo=1, hi=100, doc="haystacks per head at focus_n"),
         StrList("every_head_kernels", list(EVERY_HEAD_KERNELS), choices=list(kernels.KERNELS),
-                doc="kernels run on every one of SmolLM2's 270 query heads at focus_n "
-                    "(data/which_gpu/grid_heads.csv, the every-head extract)"),
+                doc="kernels of the every-head grids: SmolLM2's 270 query heads at focus_n "
+                    "(data/which_gpu/grid_heads.csv, the every-head extract; live with source 'live'), "
+                    "at 32k and 128k, and Gemma 3 270M's 12 global-layer heads (committed)"),
         Int("every_head_trials", 2, lo=1, hi=100, doc="haystacks per head in the every-head run"),
         Float("needle_weight", 0.05, lo=0.0, hi=0.5, lo_open=True, doc="the needle's exact attention weight"),
         Int("seed", 0, lo=0),
