@@ -314,6 +314,10 @@ def test_every_head_grids_of_smollm2_cover_every_head_and_reproduce_live():
     from kvcost.experiments import which_gpu as wg
     from kvcost.numerics import kernels as kern
     assert sorted(wg.EVERY_HEAD_KERNELS) == sorted(kern.KERNELS) and len(wg.EVERY_HEAD_KERNELS) == 13
+    import yaml
+    for sweep in ("which_gpu_heads.yaml", "which_gpu_heads_gemma.yaml"):   # the sweeps that write these grids
+        spec = yaml.safe_load((paths.repo_root() / "sweeps" / sweep).read_text())
+        assert spec["params"]["kernels"] == list(wg.EVERY_HEAD_KERNELS), sweep
     expect = dict(source="smollm2-heads", heads="all", trials=2, needle_weight=0.05, seed=0, phase="chunked prefill")
     contexts = []
     for name in ("grid_heads.csv", *wg.SMOLLM2_HEAD_GRIDS):

@@ -43,12 +43,10 @@ LAW_FRAC_BITS = (13, 25, 35)
 #: the six run first (the one that loses the needle at 4k, FA4's stale running max, and its two
 #: fixes; FA3 without and with the two-level fix; CDNA3's), then the other seven in the registry's order, as the
 #: committed tables hold them (sweeps/which_gpu_heads.yaml).
-EVERY_HEAD_KERNELS = ("FA4 FP8, offset 8, stale max 4 (PR #2109)", "FA3 FP8, no fix", "CK fmha FP8 (CDNA3)",
-                      "FA4 FP8, offset 4 (PR #2717)", "FA4 FP8, offset 8, max every tile (PR #2731)",
-                      "FA3 FP8, PR #104 (every tile)", "FA3 FP8, PR #122 every 4 tiles",
-                      "FA3 FP8, PR #122 every 64 tiles", "fmha_v2 FP8, one register",
-                      "fmha_v2 FP8, two-level every 4 (PR #3234)", "FlashMLA dense FP8 (P in [0, 1])",
-                      "FlashInfer MLA SM90: FP8 stored, bf16 MMA", "FlashMLA NVFP4 stored, bf16 MMA")
+_RUN_FIRST = ("FA4 FP8, offset 8, stale max 4 (PR #2109)", "FA3 FP8, no fix", "CK fmha FP8 (CDNA3)",
+              "FA4 FP8, offset 4 (PR #2717)", "FA4 FP8, offset 8, max every tile (PR #2731)",
+              "FA3 FP8, PR #104 (every tile)")
+EVERY_HEAD_KERNELS = _RUN_FIRST + tuple(k for k in kernels.KERNELS if k not in _RUN_FIRST)
 #: The same kernels on every query head of Gemma 3 270M's global layers (haystacks.QUERY_SOURCES "gemma3-heads"),
 #: one committed table per context run.
 GEMMA_HEAD_GRIDS = ("grid_heads_gemma.csv", "grid_heads_gemma_32k.csv", "grid_heads_gemma_128k.csv")
