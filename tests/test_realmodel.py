@@ -477,6 +477,46 @@ def test_multikey_prompt_is_rulers_niah_multikey_2():
         ruler.build_prompt(Tok(), 200_000, 0.25, seed=7, task="niah_multikey_2")
 
 
+
+def test_essay_multikey_prompt_is_rulers_niah_multikey_1():
+    class Tok:                                     # one id per character; BOS is id 2, as Gemma's
+        bos_token_id = 2
+
+        def __call__(self, s, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in s]}
+    sents = ruler.essay_sentences()
+    assert sents[0].startswith("PRIDE AND PREJUDICE By Jane Austen Chapter 1 It is a truth universally")
+    assert sents[3] == "Mr. Bennet replied that he had not."          # no break after a title's full stop
+    assert 5000 < len(sents) < 7000
+    for depth in (0.0, 0.3, 1.0):
+        p = ruler.build_prompt(Tok(), 6000, depth, seed=11, model="gemma3-270m", task="niah_multikey_1")
+        assert p.prefix[0] == 2
+        text = "".join(map(chr, p.prefix[1:] + p.tail))
+        head = ("A special magic number is hidden within the following text. Make sure to memorize it. "
+                "I will quiz you about the number afterwards.\n")
+        assert text.startswith(head)
+        hay, question = text[len(head):].split("\nWhat is the special magic number for ")
+        import re
+        needles = re.findall(r"One of the special magic numbers for ([a-z]+-[a-z]+) is: (\d{7})\.", hay)
+        assert len(needles) == 4 and len({k for k, _ in needles}) == 4          # four keys, each once
+        assert (p.key, p.value) in needles and question.startswith(f"{p.key} mentioned in the provided text? ")
+        pos = hay.index(f"for {p.key} is: ")
+        assert abs(pos / len(hay) - depth) < 0.03                           # the queried needle at its depth
+        assert "".join(map(chr, p.prefix[p.needle[0]:p.needle[1]])) == \
+            f"One of the special magic numbers for {p.key} is: {p.value}."
+        assert text.endswith(f"The special magic number for {p.key} mentioned in the provided text is: {p.value}")
+        assert 5500 < len(p.prefix) + len(p.tail) <= 6000
+        essay = re.sub(r" ?One of the special magic numbers for [a-z]+-[a-z]+ is: \d{7}\. ?", " ", hay).strip()
+        n = next(i for i in range(len(sents)) if len(" ".join(sents[:i])) >= len(essay))
+        assert essay == " ".join(sents[:n])                             # the essay's first sentences, whole
+    again = ruler.build_prompt(Tok(), 6000, 1.0, seed=11, model="gemma3-270m", task="niah_multikey_1")
+    assert again == p                                                   # a seed fixes the trial
+    assert pk.results_name("niah_multikey_1") == "niah_multikey_1.csv"
+    with pytest.raises(ValueError, match=r"'context'.*more than the essay"):
+        ruler.build_prompt(Tok(), 2_000_000, 0.5, seed=7, task="niah_multikey_1")
+    with pytest.raises(ValueError, match="'n_keys'"):
+        ruler.essay_multikey_prompt(Tok(), 6000, 0.5, seed=7, n_keys=1)
+
 # ------------------------------------------------------------------ the committed results
 
 def test_committed_extract_and_live_slice():

@@ -1,7 +1,8 @@
 """RULER's needle-in-a-haystack prompts, built to a token budget with a decoder's tokenizer.
 
 The tasks (:data:`TASKS`) as lm-evaluation-harness defines them: ``niah_single_1`` (one needle in the "repeat"
-haystack, :func:`build_prompt`) and ``niah_multikey_2`` (one needle among lines that are each another key's needle,
+haystack, :func:`build_prompt`), ``niah_multikey_1`` (four needles of four keys in an essay haystack, one queried,
+:func:`essay_multikey_prompt`) and ``niah_multikey_2`` (one needle among lines that are each another key's needle,
 :func:`multikey_prompt`), each in the :class:`Template` its decoder is prompted with (:data:`TEMPLATES`). A
 :class:`Prompt` is token ids: what the cache holds (``prefix``, the needle's span in it) and what is scored
 (``tail``, ending in the value's tokens). Used by the real-decoder passkey grids
@@ -9,13 +10,17 @@ haystack, :func:`build_prompt`) and ``niah_multikey_2`` (one needle among lines 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
+from kvcost.paths import data_path
+
 __all__ = ["HAYSTACK", "KEYS", "TASKS", "TEMPLATES", "Prompt", "Template", "template", "build_prompt",
-           "multikey_prompt"]
+           "multikey_prompt", "essay_multikey_prompt", "essay_sentences"]
 
 #: RULER's "noise" haystack sentence (the passkey task of Mohtashami & Jaggi, 2023).
 HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -77,13 +82,16 @@ class Prompt:
 def build_prompt(tok: Any, context: int, depth: float, seed: int, model: str = "smollm2-135m",
                  task: str = "niah_single_1") -> Prompt:
     """A RULER prompt of about ``context`` tokens with the needle at ``depth`` (0-1), in decoder ``model``'s
-    :class:`Template`: ``task`` one of :data:`TASKS` (:func:`multikey_prompt` for ``niah_multikey_2``)."""
+    :class:`Template`: ``task`` one of :data:`TASKS` (:func:`multikey_prompt` for ``niah_multikey_2``,
+    :func:`essay_multikey_prompt` for ``niah_multikey_1``)."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"parameter 'depth' must be in [0, 1], got {depth!r}")
     if task not in TASKS:
         raise ValueError(f"parameter 'task' must be one of {list(TASKS)}, got {task!r}")
     if task == "niah_multikey_2":
         return multikey_prompt(tok, context, depth, seed, model)
+    if task == "niah_multikey_1":
+        return essay_multikey_prompt(tok, context, depth, seed, model)
     tpl = template(model)
     rng = np.random.default_rng(seed)
     key = KEYS[int(rng.integers(len(KEYS)))]
@@ -120,8 +128,9 @@ def build_prompt(tok: Any, context: int, depth: float, seed: int, model: str = "
 #: and one value, writes the singular ("A special magic number is hidden … the number afterwards") and joins them
 #: with newlines; the needle, the question and the answer prefix are lm-eval's. ``niah_multikey_2``: the "needle"
 #: haystack, every line a needle of another key and value (the task vLLM's flash-attention PR #122 scores at 128k),
-#: written as lm-eval writes it.
-TASKS = ("niah_single_1", "niah_multikey_2")
+#: written as lm-eval writes it. ``niah_multikey_1``: the "essay" haystack with four needles of four distinct keys
+#: (``num_needle_k=4``), one of them queried (:func:`essay_multikey_prompt`).
+TASKS = ("niah_single_1", "niah_multikey_1", "niah_multikey_2")
 
 #: Adjectives and nouns of the multi-key task's keys (lm-eval draws "adjective-noun" words from wonderwords' lists;
 #: fixed lists keep the trials reproducible offline): 40 x 50 = 2,000 distinct keys, enough lines for 32k tokens.
@@ -180,5 +189,88 @@ def multikey_prompt(tok: Any, context: int, depth: float, seed: int, model: str 
     after = ("\n" + "\n".join(others[cut:])) if cut < n_lines else ""
     prefix = bos + ids(head + before + needle + after)
     span = (len(bos) + len(ids(head + before)), len(bos) + len(ids(head + before + needle)))
+    ans = ids(tpl.sep + value)
+    return Prompt(prefix, ids(question + answer) + ans, len(ans), key, value, float(depth), span)
+
+
+#: The essay haystack's text. lm-eval's is Paul Graham's essays (the ``baber/paul_graham_essays`` dataset), which
+#: cannot be fetched at run time and whose licence is not open; kvcost's is the public-domain novel its perplexity
+#: windows are read from (Project Gutenberg's *Pride and Prejudice*, ``data/text``, sha256 in
+#: ``kvcost.runs.real_model_text``), its whitespace collapsed and its words taken from the start, as lm-eval takes
+#: the essays'.
+ESSAY = ("text", "pride_and_prejudice_full.txt")
+#: RULER's needle depths (``prepare_niah.DEPTHS``: 40 percentages from 0 to 100).
+DEPTHS = tuple(int(d) for d in np.round(np.linspace(0, 100, num=40, endpoint=True)))
+#: Where a sentence ends: after ., ! or ? (and any closing quotes) before a space and a capital, a quote or an
+#: underscore (the novel's italics), not after the titles Mr., Mrs., Dr. and St. lm-eval splits with nltk's punkt;
+#: this rule is its stand-in (nltk and its punkt data are not installed), and it splits this text at the same full
+#: stops on the sentences checked by eye.
+_SENTENCE_END = re.compile(r"(?<!Mr\.)(?<!Mrs\.)(?<!Dr\.)(?<!St\.)(?<=[.!?])([\"'’”]*)\s+(?=[\"'‘“_A-Z])")
+
+
+@lru_cache(maxsize=2)
+def essay_sentences(parts: tuple[str, ...] = ESSAY) -> tuple[str, ...]:
+    """The essay haystack's sentences, in order: the text at ``data_path(*parts)``, whitespace collapsed, split
+    where :data:`_SENTENCE_END` matches."""
+    text = re.sub(r"\s+", " ", data_path(*parts).read_text(encoding="utf-8")).strip()
+    return tuple(s.strip() for s in _SENTENCE_END.sub(lambda m: m.group(1) + "\n", text).split("\n") if s.strip())
+
+
+def essay_multikey_prompt(tok: Any, context: int, depth: float, seed: int, model: str = "smollm2-135m",
+                          n_keys: int = 4) -> Prompt:
+    """RULER's ``niah_multikey_1`` of about ``context`` tokens in decoder ``model``'s :class:`Template`: the essay
+    haystack's first sentences (:func:`essay_sentences`), ``n_keys`` needles "One of the special magic numbers for
+    {key} is: {value}." of distinct keys inserted between sentences, the queried key's at ``depth`` (0-1) of the
+    haystack and the others at depths drawn from :data:`DEPTHS`, then the question for the queried key, as
+    lm-eval's ``prepare_niah.generate_input_output`` writes it for four keys, one value and one query."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"parameter 'depth' must be in [0, 1], got {depth!r}")
+    if n_keys < 2:
+        raise ValueError(f"parameter 'n_keys' must be at least 2 (a multi-key task), got {n_keys!r}")
+    tpl = template(model)
+    rng = np.random.default_rng(seed)
+    words = [f"{a}-{n}" for a in _ADJECTIVES for n in _NOUNS]
+    keys = [words[i] for i in rng.choice(len(words), size=n_keys, replace=False)]
+    values = [str(int(v)) for v in rng.choice(np.arange(1_000_000, 10_000_000), size=n_keys, replace=False)]
+    others = sorted(float(d) / 100 for d in rng.choice(DEPTHS, size=n_keys - 1, replace=False))
+    key, value = keys[0], values[0]
+    head = (tpl.head + "A special magic number is hidden within the following text. "
+            "Make sure to memorize it. I will quiz you about the number afterwards.\n")
+    question = f"\nWhat is the special magic number for {key} mentioned in the provided text?" + tpl.close
+    answer = f"The special magic number for {key} mentioned in the provided text is"
+    bos = [tok.bos_token_id] if tpl.bos else []
+
+    def ids(s: str) -> list[int]:
+        return tok(s, add_special_tokens=False)["input_ids"]
+
+    needles = [f"One of the special magic numbers for {k} is: {v}." for k, v in zip(keys, values)]
+    budget = context - (len(bos) + len(ids(head)) + sum(len(ids(" " + n)) for n in needles)
+                        + len(ids(question + answer)) + 16)
+    sents = essay_sentences()
+    lo, hi = 0, len(sents)                       # the most leading sentences whose text fits the budget
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(ids(" ".join(sents[:mid]))) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo == len(sents) or lo < 2:
+        why = "more than the essay holds" if lo else "too short"
+        raise ValueError(f"parameter 'context': {context} tokens is {why} for the essay haystack")
+    hay = sents[:lo]
+    cuts = [(round(depth * lo), 0)] + [(int(lo * d), i + 1) for i, d in enumerate(others)]
+    pieces: list[str] = []
+    at, start = 0, None
+    for cut, which in sorted(cuts):             # lm-eval: sentences, then the next needle, in depth order
+        pieces += list(hay[at:cut])
+        at = cut
+        if which == 0:
+            start = " ".join([*pieces, ""]) if pieces else ""
+        pieces.append(needles[which])
+    pieces += list(hay[at:])
+    before = start or ""
+    body = " ".join(pieces)
+    prefix = bos + ids(head + body)
+    span = (len(bos) + len(ids(head + before)), len(bos) + len(ids(head + before + needles[0])))
     ans = ids(tpl.sep + value)
     return Prompt(prefix, ids(question + answer) + ans, len(ans), key, value, float(depth), span)
