@@ -194,8 +194,7 @@ def multikey_prompt(tok: Any, context: int, depth: float, seed: int, model: str 
 
 
 #: The essay haystack's text. lm-eval's is Paul Graham's essays (the ``baber/paul_graham_essays`` dataset), which
-#: cannot be fetched at run time and whose licence is not open; kvcost's is the public-domain novel its perplexity
-#: windows are read from (Project Gutenberg's *Pride and Prejudice*, ``data/text``, sha256 in
+#: cannot be fetched at run time; kvcost's is the public-domain novel its perplexity windows are read from (Project Gutenberg's *Pride and Prejudice*, ``data/text``, sha256 in
 #: ``kvcost.runs.real_model_text``), its whitespace collapsed and its words taken from the start, as lm-eval takes
 #: the essays'.
 ESSAY = ("text", "pride_and_prejudice_full.txt")
