@@ -194,9 +194,9 @@ def multikey_prompt(tok: Any, context: int, depth: float, seed: int, model: str 
 
 
 #: The essay haystack's text. lm-eval's is Paul Graham's essays (the ``baber/paul_graham_essays`` dataset), which
-#: cannot be fetched at run time; kvcost's is the public-domain novel its perplexity windows are read from (Project Gutenberg's *Pride and Prejudice*, ``data/text``, sha256 in
-#: ``kvcost.runs.real_model_text``), its whitespace collapsed and its words taken from the start, as lm-eval takes
-#: the essays'.
+#: cannot be fetched at run time; kvcost's is the public-domain novel its perplexity windows are read from (Project
+#: Gutenberg's *Pride and Prejudice*, ``data/text``, sha256 in ``kvcost.runs.real_model_text``), its whitespace
+#: collapsed and its words taken from the start, as lm-eval takes the essays'.
 ESSAY = ("text", "pride_and_prejudice_full.txt")
 #: RULER's needle depths (``prepare_niah.DEPTHS``: 40 percentages from 0 to 100).
 DEPTHS = tuple(int(d) for d in np.round(np.linspace(0, 100, num=40, endpoint=True)))
