@@ -79,7 +79,7 @@ def test_committed_real_decoder_tables_name_the_code_of_every_row():
     commits: set[str] = set()
     for dec in decoders.DECODERS.values():
         for name in ("passkey.csv", "ppl_windows.csv", "llamacpp_windows.csv", "propagation.csv",
-                     "niah_multikey_2.csv"):
+                     "niah_multikey_1.csv", "niah_multikey_2.csv"):
             path = dec.results_file(name)
             with open(provenance.checked(path), newline="", encoding="utf-8") as fh:
                 rows = list(csv.DictReader(fh))

@@ -6,6 +6,7 @@ import pytest
 
 from kvcost.claims import two_decoders as claims
 from kvcost.experiments import real_decoder as real
+from kvcost.experiments import real_decoder_passkey as pk
 from kvcost.experiments import two_decoders as two
 
 
@@ -107,6 +108,24 @@ def test_retrieval_readings_report_each_effect_separately():
                                   "detected at 4,096; at 32,768 exact attention retrieves 3: no loss this grid could "
                                   "detect)")
 
+
+
+def test_committed_multikey_1_grids_say_which_losses_a_count_can_see():
+    """RULER niah_multikey_1 (four keys in an essay haystack) is within both small models' reach, unlike
+    niah_multikey_2: the committed grids can detect a loss, and on SmolLM2 they do."""
+    grids = {m: two.against_exact(two.load_results(m, pk.results_name("niah_multikey_1")), min_trials=20)
+             for m in two.DECODERS}
+    g = grids["gemma3-270m"].set_index("variant")
+    assert set(g["context"]) >= {4096} and (g.loc[g["context"] == 4096, "exact_successes"] == 10).all()
+    assert not g["loses_needle"].any() and (g["detectable"] <= 7).all()       # a loss of 7 trials would show
+    s = grids["smollm2-135m"].set_index("variant")
+    assert set(s["context"]) == {2048}
+    assert s.loc["fa3:frac_bits=2", "loses_needle"] and s.loc["store:q4_0", "loses_needle"]
+    assert not s.loc[["fa3", "fa3:arch=Blackwell", "store:q8_0", "store:fp8_e4m3"], "loses_needle"].any()
+    kernel = claims.retrieval_reading(grids, "kernel", "niah_multikey_1")
+    stored = claims.retrieval_reading(grids, "stored", "niah_multikey_1")
+    assert kernel.agrees is True and kernel.claim.endswith("on RULER niah_multikey_1")
+    assert stored.agrees is False and "loss detected for store:q4_0" in stored.computed
 
 def test_committed_runs_side_by_side():
     windows = {m: real.load_windows(two.windows_name(m)) for m in two.DECODERS}

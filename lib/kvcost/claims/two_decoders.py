@@ -352,12 +352,12 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
              alpha: float = 0.05, permutations: int = 20_000,
              effects: Mapping[str, pd.DataFrame] | None = None, axes: pd.DataFrame | None = None,
              windows: Mapping[str, pd.DataFrame] | None = None,
-             multikey: Mapping[str, pd.DataFrame] | None = None,
+             multikey: Mapping[str, Mapping[str, pd.DataFrame]] | None = None,
              margins: Mapping[str, pd.DataFrame] | None = None,
              growth: Mapping[str, pd.DataFrame] | None = None) -> list[Check]:
     """The readings on both decoders: :func:`q8_0_reading`, :func:`ranking_reading`, with the passkey grids
-    against exact (``against``; ``multikey``: the niah_multikey_2 grids') :func:`retrieval_reading` for the kernels
-    and for storage, with each decoder's split
+    against exact (``against``; ``multikey``: RULER task → decoder name → that task's grid against exact, for the
+    multi-key tasks) :func:`retrieval_reading` for the kernels and for storage, with each decoder's split
     grid (``effects``) :func:`effects_reading`, with each decoder's collapse summary (``laws``)
     :func:`law_reading`, and with the axis test on each decoder's extract (``axes``) :func:`k_axis_reading` (its
     end-to-end KL from ``windows``, decoder name → per-window rows), and with the passkey rows themselves
@@ -368,9 +368,8 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
         out.append(k_axis_reading(axes, windows, context))
     if against:
         out += [retrieval_reading(against, "kernel"), retrieval_reading(against, "stored")]
-    if multikey:
-        out += [retrieval_reading(multikey, "kernel", "niah_multikey_2"),
-                retrieval_reading(multikey, "stored", "niah_multikey_2")]
+    for task, grids in (multikey or {}).items():
+        out += [retrieval_reading(grids, "kernel", task), retrieval_reading(grids, "stored", task)]
     if growth:
         out.append(growth_reading(growth))
     if margins:
@@ -392,7 +391,7 @@ def verdict(fmt_tables: Mapping[str, pd.DataFrame], windows: Mapping[str, pd.Dat
             context: int, against: Mapping[str, pd.DataFrame] | None = None,
             laws: Mapping[str, dict] | None = None, alpha: float = 0.05, permutations: int = 20_000,
             effects: Mapping[str, pd.DataFrame] | None = None, axes: pd.DataFrame | None = None,
-            multikey: Mapping[str, pd.DataFrame] | None = None,
+            multikey: Mapping[str, Mapping[str, pd.DataFrame]] | None = None,
             margins: Mapping[str, pd.DataFrame] | None = None,
             growth: Mapping[str, pd.DataFrame] | None = None) -> Verdict:
     """Notebook 08b's verdict: :func:`readings`, then where FP4 sits on each decoder
