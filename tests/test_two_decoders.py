@@ -115,9 +115,13 @@ def test_committed_multikey_1_grids_say_which_losses_a_count_can_see():
     niah_multikey_2: the committed grids can detect a loss, and on SmolLM2 they do."""
     grids = {m: two.against_exact(two.load_results(m, pk.results_name("niah_multikey_1")), min_trials=20)
              for m in two.DECODERS}
-    g = grids["gemma3-270m"].set_index("variant")
-    assert set(g["context"]) >= {4096} and (g.loc[g["context"] == 4096, "exact_successes"] == 10).all()
-    assert not g["loses_needle"].any() and (g["detectable"] <= 7).all()       # a loss of 7 trials would show
+    g = grids["gemma3-270m"]
+    assert set(g["context"]) >= {4096, 8192} and (g.loc[g["context"] == 4096, "exact_successes"] == 10).all()
+    assert (g["detectable"] <= 8).all()                                     # a loss of 8 trials would show
+    full = g[~g["variant"].str.contains("frac_bits")]
+    assert not full["loses_needle"].any()                                   # FP8 at full register width, storage
+    narrow = g[(g["context"] == 8192) & (g["variant"] == "fa3:frac_bits=2")].iloc[0]
+    assert narrow["loses_needle"] and narrow["lost"] == 9
     s = grids["smollm2-135m"].set_index("variant")
     assert set(s["context"]) == {2048}
     assert s.loc["fa3:frac_bits=2", "loses_needle"] and s.loc["store:q4_0", "loses_needle"]
