@@ -64,6 +64,27 @@ def template(model: str) -> Template:
     return TEMPLATES[model]
 
 
+def _frame(tok: Any, tpl: Template, key: str, plural: bool = False) -> tuple[str, str, list[int], Any]:
+    """What every task's prompt shares for one query of ``key``: the instruction (``head``, RULER's template,
+    singular for one needle and one value unless ``plural``), the question with the answer prefix (``ask``),
+    the BOS ids the template starts with, and ``ids`` (text to token ids, no special tokens)."""
+    some, number = ("Some special magic numbers are", "numbers") if plural else ("A special magic number is", "number")
+    head = (tpl.head + f"{some} hidden within the following text. "
+            f"Make sure to memorize it. I will quiz you about the {number} afterwards.\n")
+    tail = (f"\nWhat is the special magic number for {key} mentioned in the provided text?" + tpl.close
+            + f"The special magic number for {key} mentioned in the provided text is")
+    bos = [tok.bos_token_id] if tpl.bos else []
+
+    def ids(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+    return head, tail, bos, ids
+
+
+def _needle(key: str, value: str) -> str:
+    """RULER's needle sentence (``prepare_niah.NEEDLE`` with numbers as values)."""
+    return f"One of the special magic numbers for {key} is: {value}."
+
+
 @dataclass(frozen=True)
 class Prompt:
     """Token ids of one trial: ``prefix`` (instruction, haystack and needle), ``tail`` (question,
@@ -96,18 +117,10 @@ def build_prompt(tok: Any, context: int, depth: float, seed: int, model: str = "
     rng = np.random.default_rng(seed)
     key = KEYS[int(rng.integers(len(KEYS)))]
     value = str(int(rng.integers(1_000_000, 10_000_000)))
-    head = (tpl.head + "Some special magic numbers are hidden within the following text. "
-            "Make sure to memorize it. I will quiz you about the numbers afterwards.\n")
-    needle = f" One of the special magic numbers for {key} is: {value}."
-    question = f"\nWhat is the special magic number for {key} mentioned in the provided text?" + tpl.close
-    answer = f"The special magic number for {key} mentioned in the provided text is"
-    bos = [tok.bos_token_id] if tpl.bos else []
-
-    def ids(s: str) -> list[int]:
-        return tok(s, add_special_tokens=False)["input_ids"]
-
+    head, ask, bos, ids = _frame(tok, tpl, key, plural=True)
+    needle = " " + _needle(key, value)
     hay = ids(" " + HAYSTACK)
-    fixed = len(bos) + len(ids(head)) + len(ids(needle)) + len(ids(question + answer)) + 8
+    fixed = len(bos) + len(ids(head)) + len(ids(needle)) + len(ids(ask)) + 8
     n_rep = max(1, (context - fixed) // len(hay))
     cut = round(depth * n_rep)
     body = " " + " ".join([HAYSTACK] * cut) if cut else ""
@@ -116,8 +129,7 @@ def build_prompt(tok: Any, context: int, depth: float, seed: int, model: str = "
     # the needle's span: the tokens of the text before it and with it (a boundary token may straddle)
     span = (len(bos) + len(ids(head + body.lstrip())), len(bos) + len(ids(head + body.lstrip() + needle)))
     ans = ids(tpl.sep + value)
-    tail = ids(question + answer) + ans
-    return Prompt(prefix, tail, len(ans), key, value, float(depth), span)
+    return Prompt(prefix, ids(ask) + ans, len(ans), key, value, float(depth), span)
 
 
 #: The RULER tasks :func:`build_prompt` writes, as lm-evaluation-harness defines them (``lm_eval/tasks/ruler/
@@ -158,24 +170,13 @@ def multikey_prompt(tok: Any, context: int, depth: float, seed: int, model: str 
     order = rng.permutation(len(keys))
     key = keys[order[0]]
     value = str(int(rng.integers(1_000_000, 10_000_000)))
-    head = (tpl.head + "A special magic number is hidden within the following text. "
-            "Make sure to memorize it. I will quiz you about the number afterwards.\n")
-    question = f"\nWhat is the special magic number for {key} mentioned in the provided text?" + tpl.close
-    answer = f"The special magic number for {key} mentioned in the provided text is"
-    bos = [tok.bos_token_id] if tpl.bos else []
-
-    def ids(s: str) -> list[int]:
-        return tok(s, add_special_tokens=False)["input_ids"]
-
-    def line(k: str, v: str) -> str:
-        return f"One of the special magic numbers for {k} is: {v}."
-
-    needle = line(key, value)
-    budget = context - (len(bos) + len(ids(head)) + len(ids(needle)) + len(ids(question + answer)) + 16)
+    head, ask, bos, ids = _frame(tok, tpl, key)
+    needle = _needle(key, value)
+    budget = context - (len(bos) + len(ids(head)) + len(ids(needle)) + len(ids(ask)) + 16)
     values = rng.integers(1_000_000, 10_000_000, size=len(keys))
     others: list[str] = []
     for i in order[1:]:                          # as many other keys' lines as the budget holds
-        nxt = line(keys[i], str(int(values[i])))
+        nxt = _needle(keys[i], str(int(values[i])))
         budget -= len(ids(nxt + "\n"))
         if budget < 0:
             break
@@ -190,7 +191,7 @@ def multikey_prompt(tok: Any, context: int, depth: float, seed: int, model: str 
     prefix = bos + ids(head + before + needle + after)
     span = (len(bos) + len(ids(head + before)), len(bos) + len(ids(head + before + needle)))
     ans = ids(tpl.sep + value)
-    return Prompt(prefix, ids(question + answer) + ans, len(ans), key, value, float(depth), span)
+    return Prompt(prefix, ids(ask) + ans, len(ans), key, value, float(depth), span)
 
 
 #: The essay haystack's text. lm-eval's is Paul Graham's essays (the ``baber/paul_graham_essays`` dataset), which
@@ -233,18 +234,9 @@ def essay_multikey_prompt(tok: Any, context: int, depth: float, seed: int, model
     values = [str(int(v)) for v in rng.choice(np.arange(1_000_000, 10_000_000), size=n_keys, replace=False)]
     others = sorted(float(d) / 100 for d in rng.choice(DEPTHS, size=n_keys - 1, replace=False))
     key, value = keys[0], values[0]
-    head = (tpl.head + "A special magic number is hidden within the following text. "
-            "Make sure to memorize it. I will quiz you about the number afterwards.\n")
-    question = f"\nWhat is the special magic number for {key} mentioned in the provided text?" + tpl.close
-    answer = f"The special magic number for {key} mentioned in the provided text is"
-    bos = [tok.bos_token_id] if tpl.bos else []
-
-    def ids(s: str) -> list[int]:
-        return tok(s, add_special_tokens=False)["input_ids"]
-
-    needles = [f"One of the special magic numbers for {k} is: {v}." for k, v in zip(keys, values)]
-    budget = context - (len(bos) + len(ids(head)) + sum(len(ids(" " + n)) for n in needles)
-                        + len(ids(question + answer)) + 16)
+    head, ask, bos, ids = _frame(tok, tpl, key)
+    needles = [_needle(k, v) for k, v in zip(keys, values)]
+    budget = context - (len(bos) + len(ids(head)) + sum(len(ids(" " + n)) for n in needles) + len(ids(ask)) + 16)
     sents = essay_sentences()
     lo, hi = 0, len(sents)                       # the most leading sentences whose text fits the budget
     while lo < hi:
@@ -272,4 +264,4 @@ def essay_multikey_prompt(tok: Any, context: int, depth: float, seed: int, model
     prefix = bos + ids(head + body)
     span = (len(bos) + len(ids(head + before)), len(bos) + len(ids(head + before + needles[0])))
     ans = ids(tpl.sep + value)
-    return Prompt(prefix, ids(question + answer) + ans, len(ans), key, value, float(depth), span)
+    return Prompt(prefix, ids(ask) + ans, len(ans), key, value, float(depth), span)
