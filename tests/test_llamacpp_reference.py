@@ -1,5 +1,8 @@
 """The llama.cpp reference job (kvcost.runs.llamacpp_reference): one interface, the decoder chosen by name,
 and what it reads from the GGUF, checked without llama.cpp (numpy, and torch where it is installed)."""
+import os
+from pathlib import Path
+
 import pytest
 
 from kvcost.models import decoders, window_metrics
@@ -266,3 +269,49 @@ def test_decode_scored_asks_for_the_scored_rows_only_and_places_each(tmp_path, m
     assert failing.freed == 1
     with pytest.raises(ValueError, match="parameter 'first'"):
         ref.decode_scored(low, "ctx", toks, 30, ref.scored_buffer(19, cols, tmp_path, "y"))
+
+
+def test_a_killed_runs_spill_folder_is_removed_and_a_live_ones_kept(tmp_path):
+    """A SIGKILLed run cannot clean up its spill (up to three 17 GB files at 32k): the next run removes the
+    folders whose process is gone, and leaves a live process's, another name's and a file alone."""
+    import subprocess
+    import sys
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{ref.SPILL_PREFIX}{gone.pid}-abc"
+    (dead / "sub").mkdir(parents=True)
+    (dead / "fp32.npy").write_bytes(b"x" * 10)
+    live = tmp_path / f"{ref.SPILL_PREFIX}{os.getpid()}-def"
+    live.mkdir()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        other_live = tmp_path / f"{ref.SPILL_PREFIX}{alive.pid}-ghi"
+        other_live.mkdir()
+        legacy = tmp_path / f"{ref.SPILL_PREFIX}q1w2e3"        # the name before the pid was in it: unknown owner
+        legacy.mkdir()
+        plain_file = tmp_path / f"{ref.SPILL_PREFIX}{gone.pid}-file"
+        plain_file.write_text("not a folder")
+        assert ref.remove_stale_spills(tmp_path) == [dead]
+        assert not dead.exists()
+        assert live.is_dir() and other_live.is_dir() and legacy.is_dir() and plain_file.is_file()
+    finally:
+        alive.kill()
+        alive.wait()
+    assert ref.remove_stale_spills(tmp_path) == [other_live]
+
+
+def test_sigterm_unwinds_the_spill_folder(tmp_path):
+    """Python's default SIGTERM ends the process without running ``finally``: inside terminated_as_exit it
+    raises SystemExit(143), so the temporary folder's ``with`` removes it; the handler is restored after."""
+    import signal
+    import tempfile
+    before = signal.getsignal(signal.SIGTERM)
+    made = []
+    with pytest.raises(SystemExit) as stop, ref.terminated_as_exit(), \
+            tempfile.TemporaryDirectory(prefix=ref.SPILL_PREFIX, dir=tmp_path) as spill:
+        made.append(Path(spill))
+        (Path(spill) / "scores.npy").write_bytes(b"x")
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert made and not made[0].exists()
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -33,13 +33,19 @@ data/real_model/gemma3_270m/llamacpp_windows.csv, and the provenance to the ``.j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import os
+import shutil
+import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from kvcost import provenance
 from kvcost.models import decoders, window_metrics
@@ -64,6 +70,9 @@ REFERENCES = ("fp32", "fp16")
 #: held while every other cache type of the window runs. Gemma 3 270M at 8,192 tokens: 4.3 GB of scored rows per
 #: format (262,144-token vocabulary), 17 GB at 32,768; three are held at once (fp32, fp16 and the type being run).
 SPILL_BYTES = 1 << 30
+#: the spill folder's name: ``kvcost-llamacpp-<pid>-<random>`` in the system's temporary folder (one window's
+#: scored rows, up to three 17 GB files at 32k with Gemma's vocabulary)
+SPILL_PREFIX = "kvcost-llamacpp-"
 #: Tokens per ``llama_decode`` call (and per micro-batch, ``n_ubatch``): llama.cpp's output buffer then holds at
 #: most this many rows of logits (0.5 GB at Gemma's vocabulary), whatever the window's length.
 DECODE_CHUNK = 512
@@ -280,6 +289,43 @@ def _vocab(llama_cpp, gguf: Path) -> Any:
     return llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False)
 
 
+def remove_stale_spills(folder: Path | None = None) -> list[Path]:
+    """Remove the spill folders of runs that were killed (``SPILL_PREFIX<pid>-*`` in ``folder``, the system's
+    temporary folder by default, whose process is gone and that this user owns); returns what was removed. A
+    SIGKILL leaves no chance to clean up (the sweep runner stops a run's children so), so each run clears its
+    predecessors' before it writes its own."""
+    removed = []
+    for spill in Path(folder or tempfile.gettempdir()).glob(f"{SPILL_PREFIX}*-*"):
+        pid = spill.name.removeprefix(SPILL_PREFIX).split("-", 1)[0]
+        try:
+            if (not pid.isdigit() or int(pid) == os.getpid() or psutil.pid_exists(int(pid)) or spill.is_symlink()
+                    or not spill.is_dir() or spill.lstat().st_uid != os.getuid()):
+                continue
+        except OSError:                 # gone meanwhile
+            continue
+        shutil.rmtree(spill, ignore_errors=True)
+        removed.append(spill)
+    return removed
+
+
+@contextlib.contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) while the block runs, so ``with`` blocks inside it (the spill folder)
+    clean up; Python's default handler would end the process without unwinding. Outside the main thread
+    (where a handler cannot be set) it does nothing."""
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:                  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     formats = list(REFERENCES) + [f for f in args.formats if f not in REFERENCES]
@@ -346,8 +392,10 @@ def main(argv: list[str] | None = None) -> int:
             command="python scripts/llamacpp_reference.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             versions=vers, note=note)
     done = provenance.finished_keys(args.out, window_metrics.WINDOW_KEY)
-    with provenance.appending(args.out, window_metrics.WINDOW_FIELDS) as write, \
-            tempfile.TemporaryDirectory(prefix="kvcost-llamacpp-") as spill:
+    for gone in remove_stale_spills():
+        print(f"removed a killed run's spill folder {gone}", flush=True)
+    with terminated_as_exit(), provenance.appending(args.out, window_metrics.WINDOW_FIELDS) as write, \
+            tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{os.getpid()}-") as spill:
         for c in args.context:
             for w in _windows(args, c):
                 if all((c, w, f) in done for f in formats):
