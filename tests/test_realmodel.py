@@ -371,8 +371,25 @@ def test_collapse_bootstrap_carries_the_interval_to_the_predicted_context():
     check = claims.register_failure(pd.DataFrame(), rows=pd.concat([rows, far]), boot=200)
     assert "the data cannot predict" in check.computed and not check.agrees
     ok = claims.register_failure(pd.DataFrame(), rows=rows, boot=200)
-    assert "fails near 260,000 tokens, 95% interval [" in ok.computed and not ok.agrees    # > 128k
+    # x_c = 32 but the grid brackets it to (16, 32]: the interval reaches down to 16·2^13 = 131,072, so it holds
+    assert "fails near 260,000 tokens, 95% interval [130,000, 260,000]" in ok.computed and ok.agrees
+    later = pd.concat([rows.assign(context=rows["context"] * 4)])          # the same rates at 4k and 8k: x_c 128
+    late = claims.register_failure(pd.DataFrame(), rows=later, boot=200)
+    assert "fails near 1,000,000 tokens, 95% interval [520,000, 1,000,000]" in late.computed and not late.agrees
     assert ok.computed.endswith("tokens (two significant figures)")
+    # the widths tried bracket the crossing: 1k collapses at 5 and held at 6, so x_c lies in (16, 32]
+    assert list(per["x_floor"]) == [16.0, 16.0] and fit["x_floor"] == pytest.approx(16.0)
+    assert fit["x_lo"] <= 16.0 and fit["n_lo"] <= 16 * 2 ** 13
+    # a grid with a gap: 2, 5 and 13 bits, collapsing at 2 only, says x_c is in (n·2^-5, n·2^-2], no more
+    gap = pd.DataFrame(_pk_rows(4096, {"exact": 1.0, "fa3": 1.0, "fa3:frac_bits=5": 1.0, "fa3:frac_bits=2": 0.0}))
+    gper, gfit = collapse.collapse_bootstrap(gap, boot=200)
+    assert (gper.loc[0, "x_floor"], gper.loc[0, "x_c"]) == (128.0, 1024.0)
+    assert (gfit["x_lo"], gfit["x_hi"]) == pytest.approx((128.0, 1024.0))   # every resample alike: the gap is left
+    assert (gfit["n_lo"], gfit["n_hi"]) == pytest.approx((128 * 2 ** 13, 1024 * 2 ** 13))
+    # the full register itself collapsing: nothing wider was tried, so the crossing has no lower bound
+    full = pd.DataFrame(_pk_rows(4096, {"exact": 1.0, "fa3": 0.0, "fa3:frac_bits=5": 0.0}))
+    fper, ffit = collapse.collapse_bootstrap(full, boot=50)
+    assert fper.loc[0, "x_floor"] == 0.0 and ffit["n_lo"] == 0.0 and ffit["x_c"] == pytest.approx(0.5)
     # too few trials per cell: nothing to say
     assert collapse.collapse_bootstrap(rows[rows["trial"] < 5], boot=50)[0].empty
 

@@ -161,6 +161,12 @@ def test_law_reading_says_when_a_decoder_cannot_predict():
     assert claims.law_reading({"gemma3-270m": none}).agrees is None
     near = dict(smol, n_lo=100_000.0)
     assert claims.law_reading({"smollm2-135m": near}).agrees is True
+    # an interval that holds 128k only by being open at one end places nothing: not shown, and it says why
+    for open_end in (dict(smol, n_lo=100_000.0, n_hi=math.inf), dict(smol, n_lo=0.0)):
+        c = claims.law_reading({"smollm2-135m": open_end})
+        assert c.agrees is None and "open at one end" in c.computed
+    # ...but an interval lying wholly above 128k says no even when it has no upper bound
+    assert claims.law_reading({"smollm2-135m": dict(smol, n_hi=math.inf)}).agrees is False
     assert claims.law_reading({}) is None
 
 
@@ -291,3 +297,34 @@ def test_the_margin_measure_gives_the_known_answer_on_the_committed_split_rows()
         assert s.loc["split:needle=0", "hi"] < -3.0, m
         assert s.loc["split:needle=0", "shift"] < s.loc["split:needle=0.25", "shift"] < s.loc["split:needle=0.5",
                                                                                                  "shift"] < 0, m
+
+
+def test_law_transfer_reading_tests_the_passkey_law_on_another_task():
+    """x_c in [16, 64] from the passkey: at 2k a 2-bit register (x = 512) must collapse and the 13-bit one
+    (x = 0.25) hold; 5 bits (x = 64) falls inside the interval and is left undecided."""
+    law = {"contexts": 2, "x_c": 32.0, "x_lo": 16.0, "x_hi": 64.0}
+
+    def grid(two_bit: int, full: int) -> pd.DataFrame:
+        return pd.DataFrame({"context": 2048, "variant": ["fa3", "fa3:frac_bits=5", "fa3:frac_bits=2", "store:q4_0"],
+                             "successes": [full, 3, two_bit, 0], "trials": 20, "exact_successes": 14})
+
+    ok = claims.law_transfer_reading({"smollm2-135m": law}, {"smollm2-135m": grid(2, 12)}, "niah_multikey_1")
+    assert ok.agrees is True and "RULER niah_multikey_1" in ok.claim
+    assert "2 bits at 2,048 (x = 512): collapses by the law, 2/20 against exact's 14 — as said" in ok.computed
+    assert "13 bits at 2,048 (x = 0.25): holds by the law" in ok.computed
+    assert "1 cell(s) inside the interval, undecided" in ok.computed and "store" not in ok.computed
+    # a 2-bit register that keeps the needle (8 of exact's 14: above half) goes against the law
+    bad = claims.law_transfer_reading({"smollm2-135m": law}, {"smollm2-135m": grid(8, 12)}, "niah_multikey_1")
+    assert bad.agrees is False and "— holds" in bad.computed
+    # a full register that collapses (7 <= 14 / 2) goes against it too
+    assert claims.law_transfer_reading({"smollm2-135m": law}, {"smollm2-135m": grid(2, 7)}, "t").agrees is False
+    # an interval open at both ends decides nothing: not shown
+    wide = dict(law, x_lo=0.0, x_hi=math.inf)
+    none = claims.law_transfer_reading({"gemma3-270m": wide}, {"gemma3-270m": grid(2, 12)}, "t")
+    assert none.agrees is None and "no cell decided (3 cell(s) inside the interval)" in none.computed
+    # a grid where exact retrieves too few to show any loss (detectable missing) tests nothing
+    blind = grid(0, 0).assign(exact_successes=2, detectable=float("nan"))
+    b = claims.law_transfer_reading({"smollm2-135m": law}, {"smollm2-135m": blind}, "niah_multikey_2")
+    assert b.agrees is None and "3 where exact attention retrieves too few to show a loss" in b.computed
+    # a decoder with no passkey collapse has no law to transfer
+    assert claims.law_transfer_reading({"gemma3-270m": {"contexts": 0}}, {"gemma3-270m": grid(2, 12)}, "t") is None

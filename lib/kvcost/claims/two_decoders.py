@@ -12,7 +12,8 @@ finding that holds on one model only says so:
 - what the FP8 kernel costs the answer's logit margin at each context, and how much of it vLLM's fixes (which
   change accumulation only) restore: the part of the cost that is accumulation's, apart from the FP8 operands';
 - the n·2^-b law per decoder: where a 13-bit register would lose the passkey, with its interval, or that the rows
-  cannot say.
+  cannot say; and whether the law fitted on the passkey predicts which narrowed registers lose a multi-key task's
+  needle on the same decoder (a test of the law on trials it was not fitted to).
 """
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ from kvcost.experiments import real_decoder as tables
 from kvcost.experiments import two_decoders as two
 from kvcost.inputs import post
 from kvcost.models import decoders
+from kvcost.retrieval import collapse
 
 __all__ = ["printed", "readings", "errata", "verdict", "q8_0_reading", "ranking_reading", "retrieval_reading",
-           "effects_reading", "law_reading", "k_axis_reading", "kernel_cost_reading", "growth_reading"]
+           "effects_reading", "law_reading", "k_axis_reading", "kernel_cost_reading", "growth_reading",
+           "law_transfer_reading"]
 
 
 def printed() -> list[Check]:
@@ -323,8 +326,10 @@ def law_reading(laws: Mapping[str, dict], published_n: int | None = None) -> Che
     narrowed-register rows (``laws``: decoder name → the summary kvcost.retrieval.collapse.
     collapse_bootstrap returns). Set against vLLM's published loss at ``published_n`` (default: the context the
     data file gives it, kvcost.claims.real_decoder.published_register_loss; one model the post does not name):
-    does not hold where a decoder's interval lies above it, not shown where a decoder's rows collapse at no width
-    tried (its prediction is a lower bound only), holds where every interval holds it."""
+    does not hold where a decoder's interval lies above or below it, not shown where a decoder's rows collapse at no
+    width tried (its prediction is a lower bound only) or where its interval holds it only by being open at one end
+    (no upper bound, or a lower bound of 0 tokens: the full register itself collapsed in some resamples), holds
+    where every interval holds it and is bounded."""
     if not laws:
         return None
     if published_n is None:
@@ -339,12 +344,70 @@ def law_reading(laws: Mapping[str, dict], published_n: int | None = None) -> Che
         parts.append(f"{_title(model)}: x_c = {d['x_c']:.0f} [{d['x_lo']:.0f}, {d['x_hi']:.0f}] over {d['contexts']} "
                      f"context(s), a {d['full_bits']}-bit register fails near {d['n_fail']:,.0f} tokens "
                      f"[{d['n_lo']:,.0f}, " + (f"{d['n_hi']:,.0f}]" if math.isfinite(d["n_hi"]) else "no upper bound]"))
-        verdicts.append(d["n_lo"] <= published_n <= d["n_hi"])
+        inside = d["n_lo"] <= published_n <= d["n_hi"]
+        bounded = d["n_lo"] > 0 and math.isfinite(d["n_hi"])
+        if inside and not bounded:
+            parts[-1] += " (an interval open at one end holds any context: it places nothing)"
+        verdicts.append(None if inside and not bounded else inside)
     agrees = False if False in verdicts else None if None in verdicts else True
     return Check(READING, "vLLM: FP8 attention's 13-bit register loses the needle at 128k, on these decoders",
                  f"lost at {published_n:,}", "; ".join(parts), agrees,
                  "collapse: the largest b whose passkey rate is at most half exact's; x_c = n·2^-b, 95% bootstrap "
                  "over trials paired across variants; the published loss is on a model the post does not name")
+
+
+def _bound(x: float) -> str:
+    return "∞" if math.isinf(x) else f"{x:,.3g}"
+
+
+def law_transfer_reading(laws: Mapping[str, dict], grids: Mapping[str, pd.DataFrame], task: str,
+                         full_bits: int = 13) -> Check | None:
+    """The n·2^-b law fitted on the passkey (``laws``: decoder name → kvcost.retrieval.collapse.collapse_bootstrap's
+    summary on niah_single_1) read out of sample, on another RULER task's trials (``grids``: decoder name →
+    kvcost.experiments.two_decoders.against_exact of ``task``'s grid). Each narrowed-register cell (``fa3`` at
+    ``full_bits`` and ``fa3:frac_bits=b``) at context n has x = n·2^-b: the law says it collapses (a rate at most
+    half exact's, the criterion the fit used) where x lies above the passkey's x_c interval, holds where x lies
+    below it, and says nothing where x falls inside (an interval open at an end decides nothing on that side) or
+    where exact attention retrieves too few for any loss to show (``detectable`` missing: a collapse there is
+    the count's floor, not the register's). Holds where every cell the law decides goes its way, does not where one goes the other, not shown where the
+    law decides no cell."""
+    parts, calls = [], []
+    for model, t in grids.items():
+        d = laws.get(model)
+        if not d or t.empty or d.get("contexts", 0) == 0:
+            continue
+        lo, hi = d["x_lo"], d["x_hi"]
+        cells, undecided, blind = [], 0, 0
+        for r in t.sort_values(["context", "variant"]).itertuples():
+            b = collapse.frac_bits_of(r.variant, full_bits)
+            if b is None:
+                continue
+            if "detectable" in t.columns and pd.isna(r.detectable):
+                blind += 1              # exact retrieves too few for any loss to show: the cell can test nothing
+                continue
+            x = r.context / 2.0 ** b
+            said = "collapse" if x > hi else "hold" if x < lo else None
+            if said is None:
+                undecided += 1
+                continue
+            seen = "collapse" if r.successes <= r.exact_successes / 2 else "hold"
+            calls.append(said == seen)
+            cells.append(f"{b} bits at {int(r.context):,} (x = {x:g}): {said}s by the law, {r.successes}/{r.trials} "
+                         f"against exact's {r.exact_successes} — {'as said' if said == seen else seen + 's'}")
+        head = f"{_title(model)} (the passkey's x_c in [{_bound(lo)}, {_bound(hi)}])"
+        left = [f"{undecided} cell(s) inside the interval" for _ in [0] if undecided] + \
+               [f"{blind} where exact attention retrieves too few to show a loss" for _ in [0] if blind]
+        parts.append(head + ": " + ("; ".join(cells) if cells else "no cell decided")
+                     + (f"; {', '.join(left)}, undecided" if left and cells else
+                        f" ({', '.join(left)})" if left else ""))
+    if not parts:
+        return None
+    agrees = None if not calls else all(calls)
+    return Check(READING, f"The n·2^-b law fitted on the passkey predicts which narrowed P·V registers lose RULER "
+                          f"{task}'s needle, on each decoder", "the post: accumulation's error is a function of n·2^-b",
+                 "; ".join(parts), agrees,
+                 f"collapse: a rate at most half exact's on the same trials; x_c's 95% interval from the passkey's "
+                 f"bootstrap (trials and the widths' gaps); {task}'s cells were not used in the fit")
 
 
 def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context: int,
@@ -359,8 +422,9 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
     against exact (``against``; ``multikey``: RULER task → decoder name → that task's grid against exact, for the
     multi-key tasks) :func:`retrieval_reading` for the kernels and for storage, with each decoder's split
     grid (``effects``) :func:`effects_reading`, with each decoder's collapse summary (``laws``)
-    :func:`law_reading`, and with the axis test on each decoder's extract (``axes``) :func:`k_axis_reading` (its
-    end-to-end KL from ``windows``, decoder name → per-window rows), and with the passkey rows themselves
+    :func:`law_reading` (and, with the multi-key grids, :func:`law_transfer_reading`), and with the axis test
+    on each decoder's extract (``axes``) :func:`k_axis_reading` (its end-to-end KL from ``windows``, decoder
+    name → per-window rows), and with the passkey rows themselves
     (``margins``, decoder name → rows) :func:`kernel_cost_reading`, and with each decoder's storage loss at two
     contexts (``growth``) :func:`growth_reading`."""
     out = [q8_0_reading(fmt_tables, context), ranking_reading(side, alpha, permutations)]
@@ -370,6 +434,8 @@ def readings(fmt_tables: Mapping[str, pd.DataFrame], side: pd.DataFrame, context
         out += [retrieval_reading(against, "kernel"), retrieval_reading(against, "stored")]
     for task, grids in (multikey or {}).items():
         out += [retrieval_reading(grids, "kernel", task), retrieval_reading(grids, "stored", task)]
+        if laws:
+            out.append(law_transfer_reading(laws, grids, task))
     if growth:
         out.append(growth_reading(growth))
     if margins:
