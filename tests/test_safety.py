@@ -170,12 +170,20 @@ PASSKEY_HEADER = ["context", "trial", "depth", "tokens", "variant", "success", "
     (["1024", "0", "1.5", "1023", "exact", "1", "2.5", "3.0"], ["'depth'", "<= 1"]),
     (["1024", "0", "0.025", "2000", "exact", "1", "2.5", "3.0"], ["'tokens' 2000 exceeds 'context' 1024"]),
 ])
-def test_publish_schema_refuses_bad_rows(row, words):
-    store.check_rows("passkey.csv", PASSKEY_HEADER, [["1024", "1", "0.075", "1023", "exact", "0", "-1.5", "2.0"]])
+@pytest.mark.parametrize("table", ["passkey.csv", "niah_multikey_1.csv", "niah_multikey_2.csv"])
+def test_publish_schema_refuses_bad_rows(row, words, table):
+    """Every RULER task's table (the multi-key ones are published by sweep gemma_multikey) has the passkey's rules."""
+    store.check_rows(table, PASSKEY_HEADER, [["1024", "1", "0.075", "1023", "exact", "0", "-1.5", "2.0"]])
     with pytest.raises(ValueError) as err:
-        store.check_rows("passkey.csv", PASSKEY_HEADER, [row])
+        store.check_rows(table, PASSKEY_HEADER, [row])
     for w in words:
         assert w in str(err.value)
+
+
+def test_every_ruler_task_table_has_a_publish_schema():
+    from kvcost.experiments import real_decoder_passkey as pk
+    from kvcost.retrieval import ruler
+    assert all(pk.results_name(task) in store.SCHEMAS for task in ruler.TASKS)
 
 
 def test_publish_refuses_bad_rows_appends_nothing_and_records_the_digest(tmp_path, monkeypatch):

@@ -369,8 +369,8 @@ def law_transfer_reading(laws: Mapping[str, dict], grids: Mapping[str, pd.DataFr
     half exact's, the criterion the fit used) where x lies above the passkey's x_c interval, holds where x lies
     below it, and says nothing where x falls inside (an interval open at an end decides nothing on that side) or
     where exact attention retrieves too few for any loss to show (``detectable`` missing: a collapse there is
-    the count's floor, not the register's). Holds where every cell the law decides goes its way, does not where one goes the other, not shown where the
-    law decides no cell."""
+    the count's floor, not the register's). Holds where every cell the law decides goes its way, does not
+    where one goes the other, not shown where the law decides no cell."""
     parts, calls = [], []
     for model, t in grids.items():
         d = laws.get(model)
@@ -395,11 +395,15 @@ def law_transfer_reading(laws: Mapping[str, dict], grids: Mapping[str, pd.DataFr
             cells.append(f"{b} bits at {int(r.context):,} (x = {x:g}): {said}s by the law, {r.successes}/{r.trials} "
                          f"against exact's {r.exact_successes} — {'as said' if said == seen else seen + 's'}")
         head = f"{_title(model)} (the passkey's x_c in [{_bound(lo)}, {_bound(hi)}])"
-        left = [f"{undecided} cell(s) inside the interval" for _ in [0] if undecided] + \
-               [f"{blind} where exact attention retrieves too few to show a loss" for _ in [0] if blind]
-        parts.append(head + ": " + ("; ".join(cells) if cells else "no cell decided")
-                     + (f"; {', '.join(left)}, undecided" if left and cells else
-                        f" ({', '.join(left)})" if left else ""))
+        left = []
+        if undecided:
+            left.append(f"{undecided} cell(s) inside the interval")
+        if blind:
+            left.append(f"{blind} where exact attention retrieves too few to show a loss")
+        if cells:
+            parts.append(f"{head}: {'; '.join(cells)}" + (f"; {', '.join(left)}, undecided" if left else ""))
+        else:
+            parts.append(f"{head}: no cell decided" + (f" ({', '.join(left)})" if left else ""))
     if not parts:
         return None
     agrees = None if not calls else all(calls)
