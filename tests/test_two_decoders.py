@@ -35,6 +35,24 @@ def test_against_exact_detects_a_lost_needle_and_says_what_no_detection_means():
     assert two.against_exact(pd.DataFrame()).empty
 
 
+def test_a_loss_the_grid_was_not_sure_to_detect_can_still_be_detected_after_a_larger_one():
+    """Gemma's niah_multikey_1 family in miniature: seven rows that could reach significance, so a first rejection
+    needs p < 0.05/7 (9 of 9 lost: p 0.0039); 8 of 8 lost (p 0.0078) is not sure to be detected (``detectable``
+    missing) yet is, at Holm's second step (0.05/6), once the 9-trial loss is rejected."""
+    exact = {"a": 12, "b": 8, "c": 10, "d": 10, "e": 10, "f": 10, "g": 10}
+    lost = {"a": 9, "b": 8, "c": 6, "d": 6, "e": 6, "f": 6, "g": 6}
+    rows = pd.DataFrame([{"context": 1000 * (k + 1), "trial": i, "variant": v, "success": s}
+                         for k, (ctx, e) in enumerate(exact.items())
+                         for i in range(20)
+                         for v, s in (("exact", int(i < e)), ("fa3:frac_bits=2", int(lost[ctx] <= i < e)))])
+    t = two.against_exact(rows).set_index("context")
+    assert list(t["lost"]) == [9, 8, 6, 6, 6, 6, 6] and (t["gained"] == 0).all()
+    assert t.loc[1000, "loses_needle"] and t.loc[2000, "loses_needle"] and not t.loc[3000:, "loses_needle"].any()
+    assert pd.isna(t.loc[2000, "detectable"]) and t.loc[1000, "detectable"] == 9
+    assert t.loc[2000, "verdict"] == "loss detected"
+    assert t.loc[3000, "verdict"] == "no loss detected at n = 20 (a loss of 9 trials would have been detected)"
+
+
 def test_against_exact_reports_the_margin_shift_apart_and_sees_it_where_exact_never_retrieves():
     """Exact attention retrieving none: no loss is countable, but a kernel that lowers every trial's answer margin
     by 0.3 says so through the margin, and one that leaves it is centred on zero."""
@@ -49,7 +67,8 @@ def test_against_exact_reports_the_margin_shift_apart_and_sees_it_where_exact_ne
     assert list(t.columns[-4:]) == ["margin_shift", "margin_lo", "margin_hi", "verdict"]
     assert t.loc["fa3", "margin_shift"] == pytest.approx(-0.3) and t.loc["fa3", "margin_hi"] == pytest.approx(-0.3)
     assert t.loc["fa3:flush_every=1", "margin_lo"] < 0 < t.loc["fa3:flush_every=1", "margin_hi"]
-    assert (t["lost"] == 0).all() and t["verdict"].str.endswith("(no loss this small a grid could detect)").all()
+    assert (t["lost"] == 0).all()
+    assert t["verdict"].str.endswith("(exact retrieves too few: no loss this grid is sure to detect)").all()
     no_margin = two.against_exact(rows.drop(columns="margin"))
     assert no_margin["margin_shift"].isna().all() and len(no_margin) == 2
 
@@ -98,15 +117,15 @@ def test_retrieval_readings_report_each_effect_separately():
     few = _grid({"exact": [1] * 3 + [0] * 17, "fa3": [1] * 2 + [0] * 18})
     blind = claims.retrieval_reading({"gemma3-270m": two.against_exact(few)}, "kernel", "niah_multikey_2")
     assert blind.agrees is None and blind.claim.endswith("on RULER niah_multikey_2")
-    assert "exact attention retrieves 3: no loss this grid could detect" in blind.computed
+    assert "exact attention retrieves 3: no loss this grid is sure to detect" in blind.computed
     # one context that could detect a loss and one that could not: the blind one is named, not pooled
     mixed = pd.concat([_grid({"exact": [1] * 20, "fa3": [1] * 20}),
                        _grid({"exact": [1] * 3 + [0] * 17, "fa3": [1] * 3 + [0] * 17}).assign(context=32768)])
     part = claims.retrieval_reading({"gemma3-270m": two.against_exact(mixed)}, "kernel")
     assert part.agrees is True
     assert part.computed.endswith("no loss detected for 2 variants at n = 20 (a loss of 6 trials would have been "
-                                  "detected at 4,096; at 32,768 exact attention retrieves 3: no loss this grid could "
-                                  "detect)")
+                                  "detected at 4,096; at 32,768 exact attention retrieves 3: no loss this grid is sure "
+                                  "to detect)")
 
 
 
@@ -117,11 +136,16 @@ def test_committed_multikey_1_grids_say_which_losses_a_count_can_see():
              for m in two.DECODERS}
     g = grids["gemma3-270m"]
     assert set(g["context"]) >= {4096, 8192} and (g.loc[g["context"] == 4096, "exact_successes"] == 10).all()
-    assert (g["detectable"] <= 8).all()                                     # a loss of 8 trials would show
+    assert set(g["context"]) == {4096, 8192, 16384, 32768}
+    short = g[g["context"] < 32768]
+    assert (short["detectable"] <= 9).all()                                 # a loss of 9 trials would show
+    assert g.loc[g["context"] == 32768, "detectable"].isna().all()          # exact's 8: none is sure to show
     full = g[~g["variant"].str.contains("frac_bits")]
     assert not full["loses_needle"].any()                                   # FP8 at full register width, storage
-    narrow = g[(g["context"] == 8192) & (g["variant"] == "fa3:frac_bits=2")].iloc[0]
-    assert narrow["loses_needle"] and narrow["lost"] == 9
+    two_bit = g[g["variant"] == "fa3:frac_bits=2"].set_index("context")
+    assert list(two_bit["lost"]) == [5, 9, 6, 8] and (two_bit["gained"] <= 1).all()
+    # lost at 8k (9 of 12) and 32k (all 8: at Holm's second step), not resolved at 4k or 16k
+    assert list(two_bit["loses_needle"]) == [False, True, False, True]
     s = grids["smollm2-135m"].set_index("variant")
     assert set(s["context"]) == {2048}
     assert s.loc["fa3:frac_bits=2", "loses_needle"] and s.loc["store:q4_0", "loses_needle"]

@@ -117,7 +117,7 @@ def _detectable_text(judged: pd.DataFrame) -> str:
                    + (f" at {', '.join(f'{c:,}' for c, _ in seen)}" if blind else ""))
     if blind:
         out.append("; ".join(f"at {c:,} exact attention retrieves {e}" for c, e in blind)
-                   + ": no loss this grid could detect")
+                   + ": no loss this grid is sure to detect")
     return " (" + "; ".join(out) + ")"
 
 

@@ -196,19 +196,20 @@ def rank_agreement(side: pd.DataFrame, permutations: int = 20_000, seed: int = 0
 
 def against_exact(rows: pd.DataFrame, context: int | None = None, alpha: float = 0.05,
                   min_trials: int = 1) -> pd.DataFrame:
-    """Every passkey variant against exact attention on the same trials (the same prompts), per (context,
-    variant): ``trials`` paired, ``successes`` with the Wilson 95% ``lo``/``hi``, ``exact_successes``, the
-    discordant trials (``lost``: exact retrieved and the variant did not; ``gained``: the reverse), the exact
-    McNemar ``p_value``, ``loses_needle`` — rejected by Holm's correction over the family at ``alpha`` with
-    Tarone's refinement (a row with too few discordant trials to ever reach significance does not count) and
-    more trials lost than gained — and ``detectable``: the fewest trials lost (none gained) that would have been
-    rejected as the first of that family (``None`` when no loss of n trials could be). ``verdict`` says "loss
-    detected" or "no loss detected at n = …". Where the grid has the answer's logit ``margin`` (its value token's
-    logit over the best other token's, the least over the answer's tokens: positive when retrieved), the separate
-    continuous effect: ``margin_shift``, the mean paired change against exact, with the 95% bootstrap interval
+    """Every passkey variant against exact attention on the same trials (the same prompts), per (context, variant):
+    ``trials`` paired, ``successes`` with the Wilson 95% ``lo``/``hi``, ``exact_successes``, the discordant trials
+    (``lost``: exact retrieved and the variant did not; ``gained``: the reverse), the exact McNemar ``p_value``,
+    ``loses_needle`` — rejected by Holm's correction over the family at ``alpha`` with Tarone's refinement (a row
+    with too few discordant trials to ever reach significance does not count) and more trials lost than gained — and
+    ``detectable``: the fewest trials lost (none gained) that would have been rejected as the first of that family
+    (``None`` when no loss of n trials could be: a loss may then still be rejected at a later step of Holm's, after
+    larger ones, so it is what the grid is sure to detect, not all it can). ``verdict`` says "loss detected" or "no
+    loss detected at n = …". Where the grid has the answer's logit ``margin`` (its value token's logit over the best
+    other token's, the least over the answer's tokens: positive when retrieved), the separate continuous effect:
+    ``margin_shift``, the mean paired change against exact, with the 95% bootstrap interval
     ``margin_lo``/``margin_hi`` (:func:`kvcost.stats.paired_shift`) — what moves the answer where exact attention
-    retrieves too few for a loss to be countable. ``rows``: a passkey grid (``context, trial, variant, success``
-    [, ``margin``]); ``context`` restricts it to one context."""
+    retrieves too few for a loss to be countable. ``rows``: a passkey grid (``context, trial, variant, success`` [,
+    ``margin``]); ``context`` restricts it to one context."""
     cols = ["context", "variant", "trials", "successes", "lo", "hi", "exact_successes", "lost", "gained", "p_value",
             "loses_needle", "detectable", "margin_shift", "margin_lo", "margin_hi", "verdict"]
     if rows.empty:
@@ -236,10 +237,10 @@ def against_exact(rows: pd.DataFrame, context: int | None = None, alpha: float =
     t["detectable"] = pd.array([stats.detectable_loss(e, discordant, alpha) for e in t["exact_successes"]],
                                dtype="Int64")
     t = t[cols[:-1]]
+    blind = " (exact retrieves too few: no loss this grid is sure to detect)"
     t["verdict"] = [("loss detected" if r.loses_needle else
                      f"no loss detected at n = {r.trials}" + (f" (a loss of {int(r.detectable)} trials would have "
-                                                              "been detected)" if pd.notna(r.detectable) else
-                                                              " (no loss this small a grid could detect)"))
+                                                              "been detected)" if pd.notna(r.detectable) else blind))
                     for r in t.itertuples()]
     return t
 
