@@ -96,9 +96,9 @@ def _judged(t: pd.DataFrame, kind: str) -> pd.DataFrame:
     return t[~stored & ~t["variant"].str.contains("frac_bits")]
 
 
-def _cells(rows: pd.DataFrame) -> list[str]:
-    """Variant names, each with its context where the rows span more than one."""
-    if rows["context"].nunique() < 2:
+def _cells(rows: pd.DataFrame, span: pd.DataFrame) -> list[str]:
+    """Variant names, each with its context where the rows judged beside them (``span``) span more than one."""
+    if span["context"].nunique() < 2:
         return list(rows["variant"])
     return [f"{v} at {int(c):,}" for v, c in zip(rows["variant"], rows["context"])]
 
@@ -140,7 +140,7 @@ def retrieval_reading(against: Mapping[str, pd.DataFrame], kind: str, task: str 
         detect = judged["detectable"].dropna()
         blind = blind or (not len(lost) and not len(detect))
         parts.append(f"{_title(model)} at {ctx} tokens: "
-                     + (f"loss detected for {', '.join(_cells(lost))} (of {len(judged)})" if len(lost) else
+                     + (f"loss detected for {', '.join(_cells(lost, judged))} (of {len(judged)})" if len(lost) else
                         f"no loss detected for {len(judged)} variants at n = {int(judged['trials'].min())}"
                         + _detectable_text(judged)))
         lost_any.append(len(lost) > 0)
