@@ -373,7 +373,7 @@ def test_collapse_bootstrap_carries_the_interval_to_the_predicted_context():
     ok = claims.register_failure(pd.DataFrame(), rows=rows, boot=200)
     # x_c = 32 but the grid brackets it to (16, 32]: the interval reaches down to 16·2^13 = 131,072, so it holds
     assert "fails near 260,000 tokens, 95% interval [130,000, 260,000]" in ok.computed and ok.agrees
-    later = pd.concat([rows.assign(context=rows["context"] * 4)])          # the same rates at 4k and 8k: x_c 128
+    later = rows.assign(context=rows["context"] * 4)                       # the same rates at 4k and 8k: x_c 128
     late = claims.register_failure(pd.DataFrame(), rows=later, boot=200)
     assert "fails near 1,000,000 tokens, 95% interval [520,000, 1,000,000]" in late.computed and not late.agrees
     assert ok.computed.endswith("tokens (two significant figures)")

@@ -41,7 +41,7 @@ from kvcost.models import decoders, sliding_window
 from kvcost.numerics import fa3
 from kvcost.paths import data_path
 from kvcost.provenance import checked
-from kvcost.retrieval.ruler import TASKS, Prompt
+from kvcost.retrieval.ruler import Prompt, results_name  # results_name: re-exported
 
 __all__ = ["PROPAGATION_CSV", "ROWS", "results_name", "parse_variant", "FA3Attention", "committed_propagation",
            "propagation_table", "run_trial", "split_attention"]
@@ -49,14 +49,6 @@ __all__ = ["PROPAGATION_CSV", "ROWS", "results_name", "parse_variant", "FA3Atten
 #: Which rows a fast-mode variant emulates: ``tail`` (the question and the answer) or ``answer``
 #: (the last ``n_answer + 1`` rows, those whose logits are scored).
 ROWS = ("tail", "answer")
-
-
-def results_name(task: str = "niah_single_1") -> str:
-    """The file a decoder's rows of ``task`` (:data:`TASKS`) are committed in, in its results folder:
-    ``passkey.csv`` for ``niah_single_1``, ``<task>.csv`` for another."""
-    if task not in TASKS:
-        raise ValueError(f"parameter 'task' must be one of {list(TASKS)}, got {task!r}")
-    return "passkey.csv" if task == "niah_single_1" else f"{task}.csv"
 
 
 def parse_variant(name: str) -> tuple[str, dict[str, Any]]:

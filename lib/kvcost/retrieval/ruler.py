@@ -19,7 +19,7 @@ import numpy as np
 
 from kvcost.paths import data_path
 
-__all__ = ["HAYSTACK", "KEYS", "TASKS", "TEMPLATES", "Prompt", "Template", "template", "build_prompt",
+__all__ = ["HAYSTACK", "KEYS", "TASKS", "results_name", "TEMPLATES", "Prompt", "Template", "template", "build_prompt",
            "multikey_prompt", "essay_multikey_prompt", "essay_sentences"]
 
 #: RULER's "noise" haystack sentence (the passkey task of Mohtashami & Jaggi, 2023).
@@ -143,6 +143,14 @@ def build_prompt(tok: Any, context: int, depth: float, seed: int, model: str = "
 #: written as lm-eval writes it. ``niah_multikey_1``: the "essay" haystack with four needles of four distinct keys
 #: (``num_needle_k=4``), one of them queried (:func:`essay_multikey_prompt`).
 TASKS = ("niah_single_1", "niah_multikey_1", "niah_multikey_2")
+
+
+def results_name(task: str = "niah_single_1") -> str:
+    """The file a decoder's rows of ``task`` (:data:`TASKS`) are committed in, in its results folder:
+    ``passkey.csv`` for ``niah_single_1``, ``<task>.csv`` for another."""
+    if task not in TASKS:
+        raise ValueError(f"parameter 'task' must be one of {list(TASKS)}, got {task!r}")
+    return "passkey.csv" if task == "niah_single_1" else f"{task}.csv"
 
 #: Adjectives and nouns of the multi-key task's keys (lm-eval draws "adjective-noun" words from wonderwords' lists;
 #: fixed lists keep the trials reproducible offline): 40 x 50 = 2,000 distinct keys, enough lines for 32k tokens.

@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", choices=list(ruler.TEMPLATES), default=decoders.DEFAULT_DECODER,
                     help="the real decoder (kvcost.models.decoders.DECODERS)")
     ap.add_argument("--task", choices=list(ruler.TASKS), default="niah_single_1",
-                    help="the RULER task (kvcost.experiments.real_decoder_passkey.TASKS; default niah_single_1)")
+                    help="the RULER task (kvcost.retrieval.ruler.TASKS; default niah_single_1)")
     ap.add_argument("--context", type=int_at_least(256), nargs="+", required=True, help="prompt lengths in tokens")
     ap.add_argument("--trials", type=int_at_least(1), default=20, help="trials per context: depth (i + 0.5) / trials")
     ap.add_argument("--first-trial", type=int, default=0)

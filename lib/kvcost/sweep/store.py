@@ -30,7 +30,7 @@ import pandas as pd
 
 from kvcost import provenance
 from kvcost.params import shorten
-from kvcost.retrieval.ruler import TASKS
+from kvcost.retrieval.ruler import TASKS, results_name
 from kvcost.runner import RESULT_FILE, atomic_write, inside
 from kvcost.sweep.spec import Sweep
 
@@ -194,17 +194,16 @@ def _window_rules(row: dict[str, Any]) -> str | None:
     return None
 
 
-#: The committed tables ``sweep publish`` appends to, by file name: each column's rule, and the rules
-#: that tie a row's columns together.
-#: A retrieval table (``passkey.csv`` for RULER's niah_single_1, ``<task>.csv`` for each other task of
-#: kvcost.retrieval.ruler.TASKS: the same columns, the same rules).
+#: A retrieval table's columns (one per RULER task, kvcost.retrieval.ruler.results_name: the same columns, the
+#: same rules).
 _PASSKEY_COLUMNS: dict[str, Column] = {
     "context": ("int", 1, None), "trial": ("int", 0, None), "depth": ("float", 0, 1), "tokens": ("int", 1, None),
     "variant": ("str", None, None), "success": ("bool01", None, None), "margin": ("float", None, None),
     "seconds": ("float", 0, None)}
+#: The committed tables ``sweep publish`` appends to, by file name: each column's rule, and the rules
+#: that tie a row's columns together.
 SCHEMAS: dict[str, tuple[dict[str, Column], Callable[[dict[str, Any]], str | None] | None]] = {
-    **{("passkey.csv" if task == "niah_single_1" else f"{task}.csv"): (_PASSKEY_COLUMNS, _passkey_rules)
-       for task in TASKS},
+    **{results_name(task): (_PASSKEY_COLUMNS, _passkey_rules) for task in TASKS},
     "ppl_windows.csv": (_WINDOW_COLUMNS, _window_rules),
     "llamacpp_windows.csv": (_WINDOW_COLUMNS, _window_rules),
 }
