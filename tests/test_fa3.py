@@ -254,3 +254,32 @@ def test_the_kernels_facts_are_read_once_as_data():
     assert fa3.tile_sizes(64) == {"decode": 128, "prefill_before_fix": 160, "prefill_two_level": 128}
     with pytest.raises(ValueError, match="no row"):
         kernels.kernel("fa3_fp8_vllm", "pr999")
+
+
+@pytest.mark.parametrize("t", ["f32", "f16", "bf16", "fp8", "bf8", "e5m2", "e3m2", "e2m3", "e2m1"])
+def test_compiled_format_check_agrees_with_ml_dtypes_cast(t):
+    """fa3kernel.all_in_format (which picks an operand's alignment exponent without float64 copies) says what
+    a round trip through ml_dtypes says, on every value of the format, its neighbours and its edges."""
+    import ml_dtypes
+
+    from kvcost.numerics.instructions import OPERAND_TYPES
+    name = OPERAND_TYPES[t][0]
+    dt = getattr(ml_dtypes, name) if hasattr(ml_dtypes, name) else np.dtype(name)
+    fi = ml_dtypes.finfo(dt)
+    vals = tensorcore.operand_values(t) if t != "f32" else np.random.default_rng(0).standard_normal(200)
+    vals = vals.astype(np.float32).astype(np.float64)
+    tiny = 2.0 ** (fi.minexp - fi.nmant)
+    cases = [np.array([v]) for v in vals[:: max(1, len(vals) // 40)]]
+    cases += [np.array([v * (1 + e)]) for v in vals[1:: max(1, len(vals) // 20)] for e in (2.0 ** -30, 2.0 ** -9, 1e-3)]
+    cases += [np.array([x]) for x in (float(fi.max), float(fi.max) * (1 + 2.0 ** -20), tiny, tiny / 2, tiny * 1.5,
+                                      -0.0, 5e-324, 1e300)]
+    cases += [vals, np.append(vals, vals[-1] * 1.0001)]
+
+    def by_cast(x):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.array_equal(x.astype(dt).astype(np.float64), x)
+
+    got = [fa3kernel.all_in_format(x, fi.nmant, fi.minexp, float(fi.max)) for x in cases]
+    assert got == [by_cast(x) for x in cases]
+    assert got.count(True) >= 10 and got.count(False) >= 10            # both answers are exercised
+    assert fa3kernel.all_in_format(np.array([1.0, np.inf]), fi.nmant, fi.minexp, float(fi.max)) is None

@@ -183,3 +183,20 @@ def test_what_a_kernel_serves_is_read_from_its_rows():
     assert kernel_facts.head_dim(" 128 ") == 128 and kernel_facts.head_dim("576 (QK) / 512 (V)") is None
     with pytest.raises(ValueError, match="kernel='fa9'"):
         kernel_facts.serves_mla("fa9")
+
+
+def test_storage_only_kernels_read_the_stored_values_rounded_once_to_bf16():
+    """kernels.stored for a kernel that dequantizes into bf16: NVFP4's round trip (or e4m3) rounded to nearest
+    bf16 by kvcost.floats.round_to; the fast path (ml_dtypes' cast of float32 values) is the same rounding."""
+    from kvcost.floats import round_to
+    from kvcost.storage.quant import roundtrip
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((2, 512, 64)) * rng.standard_t(3, (2, 512, 1)) * 40).astype(np.float32)
+    nv, e4 = kernels.lineup(["FlashMLA NVFP4 stored, bf16 MMA", "FlashInfer MLA SM90: FP8 stored, bf16 MMA"],
+                            head_dim=64)
+    deq = roundtrip(x.reshape(-1, 64).astype(np.float64), "nvfp4").reshape(x.shape)
+    want = round_to(deq, "bf16")
+    got = kernels.stored(x, nv)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert not np.array_equal(want, deq)                        # the bf16 rounding is not a no-op here
+    assert np.array_equal(kernels.stored(x, e4), fa3.store(x, "e4m3"))   # e4m3 values are bf16 values

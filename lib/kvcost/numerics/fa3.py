@@ -41,7 +41,7 @@ import numpy as np
 
 from kvcost.floats import round_to
 from kvcost.numerics._jit import OUT_FP32, OUT_TRUNC_INF
-from kvcost.numerics.fa3kernel import all_e4m3, attend_nb, lanes32, row, store_e4m3_nb, weights_nb
+from kvcost.numerics.fa3kernel import all_e4m3, all_in_format, attend_nb, lanes32, row, store_e4m3_nb, weights_nb
 from kvcost.numerics.instructions import OPERAND_TYPES, Unit, get
 from kvcost.numerics.kernel_facts import head_dim as head_dim_of
 from kvcost.numerics.kernel_facts import rows as kernel_facts_rows
@@ -132,9 +132,13 @@ def _operand_emin(x: np.ndarray, arch: str, which: str, instr: str | None = None
     t = _unit(arch, instr).b_type if which == "b" else _unit(arch, instr).a_type
     if t == "e4m3":
         return OPERAND_TYPES[t][1] if all_e4m3(x) else -126
-    dt = getattr(ml_dtypes, OPERAND_TYPES[t][0])
-    with np.errstate(over="ignore", invalid="ignore"):
-        ok = np.array_equal(np.asarray(x, np.float64).astype(dt).astype(np.float64), np.asarray(x, np.float64))
+    name = OPERAND_TYPES[t][0]
+    dt = getattr(ml_dtypes, name) if hasattr(ml_dtypes, name) else np.dtype(name)     # f16, f32: numpy's own
+    fi = ml_dtypes.finfo(dt)
+    ok = all_in_format(x, fi.nmant, fi.minexp, float(fi.max))    # compiled: no float64 copies of K and V
+    if ok is None:                                                # inf or NaN: as ml_dtypes casts them
+        with np.errstate(over="ignore", invalid="ignore"):
+            ok = np.array_equal(np.asarray(x, np.float64).astype(dt).astype(np.float64), np.asarray(x, np.float64))
     return OPERAND_TYPES[t][1] if ok else -126
 
 

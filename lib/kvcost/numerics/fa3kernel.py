@@ -364,6 +364,34 @@ def all_e4m3(a: np.ndarray) -> bool:
     return bool(_all_e4m3_nb(np.ascontiguousarray(a).reshape(-1)))
 
 
+@njit(cache=True)
+def _all_in_format_nb(a, mant, emin, fmax):   # pragma: no cover - compiled
+    for x0 in a:
+        x = abs(np.float64(x0))
+        if x != x or x == math.inf:
+            return -1
+        if x == 0.0:
+            continue
+        if x > fmax:
+            return 0
+        e = ((np.float64(x).view(np.int64) >> 52) & 0x7FF) - 1023
+        if e == -1023:                          # float64 subnormal: below every operand format's quantum
+            return 0
+        scaled = x * np.int64((1023 - (max(e, emin) - mant)) << 52).view(np.float64)   # x / quantum, exact
+        if scaled != math.floor(scaled):
+            return 0
+    return 1
+
+
+def all_in_format(a: np.ndarray, mant: int, emin: int, fmax: float) -> bool | None:
+    """Every value of ``a`` is a value of the binary format with ``mant`` fraction bits, smallest normal
+    exponent ``emin`` and largest finite value ``fmax`` (a multiple of its quantum 2^(max(e, emin) - mant), at
+    most ``fmax`` in magnitude); None when ``a`` holds an inf or NaN (whether the format has them is the
+    caller's to decide)."""
+    r = _all_in_format_nb(np.ascontiguousarray(a).reshape(-1), int(mant), int(emin), float(fmax))
+    return None if r < 0 else bool(r)
+
+
 def lanes32(pk: int, ak: int, scheme: int, fb: int, nearest: bool, okind: int) -> bool:
     """P·V may run in float32 lanes: e4m3 P on a fused (T) unit, a truncating cut of at most FB32 bits
     into a truncating e8mN register (the V check is the caller's)."""

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from kvcost.floats import round_to
@@ -233,4 +234,8 @@ def stored(x: Any, k: Kernel) -> np.ndarray:
         deq = fa3.store(a, "e4m3").astype(np.float64)
     if not k.storage_only:
         return np.asarray(deq, dtype=np.float32)
-    return round_to(np.asarray(deq, dtype=np.float64), "bf16").astype(np.float32)
+    deq = np.asarray(deq, dtype=np.float64)
+    d32 = deq.astype(np.float32)
+    if np.array_equal(d32, deq):          # float32 values: ml_dtypes' cast is one rounding to nearest even (fast)
+        return d32.astype(ml_dtypes.bfloat16).astype(np.float32)
+    return round_to(deq, "bf16").astype(np.float32)
