@@ -358,3 +358,27 @@ def test_the_planner_reads_the_every_head_grids_first():
     every = ("grid_heads.csv", *wg.SMOLLM2_HEAD_GRIDS)
     assert evidence.KERNEL_GRIDS[:len(every)] == every
     assert all((evidence.default_kernel_dir() / name).is_file() for name in evidence.KERNEL_GRIDS)
+
+
+def test_which_gpu_grid_resumes_by_head_chunk(tmp_path, capsys):
+    """scripts/which_gpu_grid.py appends --chunk-heads heads at a time: an interrupted run keeps the heads it
+    finished (a poisoned value in the partial table survives) and computes only the rest, in the same order."""
+    from kvcost.runs import which_gpu_grid as job
+    argv = ["--what", "grid", "--heads", "3", "--trials", "1", "--contexts", "2048", "--chunk-heads", "1",
+            "--kernels", "FA3 FP8, no fix", "--out", str(tmp_path / "g.csv")]
+    assert job.main(argv) == 0
+    full = pd.read_csv(tmp_path / "g.csv")
+    assert len(full) == 3 and not (tmp_path / "g.partial.csv").exists()
+    first = full.iloc[:1].copy()
+    first["rel_l2"] = 123.0                                   # as if the run had stopped after one head
+    first.to_csv(tmp_path / "g.partial.csv", index=False)
+    capsys.readouterr()
+    assert job.main(argv) == 0
+    again = pd.read_csv(tmp_path / "g.csv")
+    assert list(again["head"]) == list(full["head"])
+    assert again["rel_l2"].iloc[0] == 123.0                   # kept, not recomputed
+    assert again["rel_l2"].iloc[1:].tolist() == full["rel_l2"].iloc[1:].tolist()
+    out = capsys.readouterr().out
+    assert "2/3 heads" in out and "3/3 heads" in out and "1/3 heads" not in out
+    with pytest.raises(SystemExit):
+        job.parse_args([*argv[:-2], "--chunk-heads", "0"])

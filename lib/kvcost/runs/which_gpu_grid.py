@@ -6,8 +6,9 @@ at one or more contexts (``grid``), or FA3's no-fix pass at F = 13, 25, 35 kept 
     python -m kvcost.runs.which_gpu_grid --help                             # the same job
 
 ``--out`` is a folder (the table is ``<what>.csv`` in it) or a ``.csv`` path (as a sweep passes it:
-sweeps/which_gpu.yaml). Rows go to ``<table>.partial.csv`` one context and kernel at a time, so an
-interrupted run resumes; at the end the table and ``<table stem>.json`` are written (command, date,
+sweeps/which_gpu.yaml). Rows go to ``<table>.partial.csv`` one context, kernel and ``--chunk-heads`` heads at
+a time, so an interrupted run (or a long one spread over several sessions: 1M tokens on every head) resumes
+where it stopped; at the end the table and ``<table stem>.json`` are written (command, date,
 package versions, git commit, parameters, run time and the sha256 of the table, which
 :func:`kvcost.provenance.checked` reads).
 """
@@ -42,8 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--phase", default="chunked prefill", choices=list(kernels.PHASES))
     ap.add_argument("--kernels", nargs="+", default=list(kernels.KERNELS), help="labels of kernels.KERNELS")
+    ap.add_argument("--chunk-heads", type=int, default=16,
+                    help="grid: heads per append to the partial table, the unit an interrupted run resumes by")
     ap.add_argument("--out", type=Path, default=ROOT / "data" / "which_gpu")
     args = ap.parse_args(argv)
+    if args.chunk_heads < 1:
+        ap.error(f"--chunk-heads must be positive, got {args.chunk_heads}")
     if args.trials < 1:
         ap.error(f"--trials must be positive, got {args.trials}")
     if args.heads != "all" and not (args.heads.isdigit() and int(args.heads) >= 2):
@@ -52,6 +57,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         ap.error(f"--kernels: {bad} not among {list(kernels.KERNELS)}")
     return args
+
+
+def _heads_to_do(done: pd.DataFrame, n: int, kernel: str, heads: list, trials: int) -> list:
+    """The heads of ``heads`` without all ``trials`` haystacks of ``kernel`` at context ``n`` in the partial
+    table ``done`` (a head's rows are appended together, so a head is either done or redone whole)."""
+    if not len(done):
+        return list(heads)
+    mine = done[(done["n_tokens"] == n) & (done["kernel"] == kernel)]
+    have = mine.groupby("head")["trial"].nunique()
+    return [h for h in heads if have.get(h.label, 0) < trials]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,11 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         ks = kernels.lineup(args.kernels, phase=args.phase, head_dim=d)
         for n in args.contexts:
             for k in ks:
-                if len(done) and ((done["n_tokens"] == n) & (done["kernel"] == k.label)).any():
-                    continue
-                df = wg.grid([k], heads, n, args.trials, args.needle_weight, args.seed)
-                df.to_csv(partial, mode="a", header=not partial.is_file(), index=False)
-                print(f"{n} {k.label}: {time.time() - t0:.0f} s", flush=True)
+                todo = _heads_to_do(done, n, k.label, heads, args.trials)
+                for c0 in range(0, len(todo), args.chunk_heads):
+                    chunk = todo[c0:c0 + args.chunk_heads]
+                    df = wg.grid([k], chunk, n, args.trials, args.needle_weight, args.seed)
+                    df.to_csv(partial, mode="a", header=not partial.is_file(), index=False)
+                    print(f"{n} {k.label}: {len(heads) - len(todo) + c0 + len(chunk)}/{len(heads)} heads, "
+                          f"{time.time() - t0:.0f} s", flush=True)
         key = ["kernel", "n_tokens", "head", "trial"]
     else:
         for n in args.contexts:
