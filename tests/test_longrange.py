@@ -364,21 +364,25 @@ def test_which_gpu_grid_resumes_by_head_chunk(tmp_path, capsys):
     """scripts/which_gpu_grid.py appends --chunk-heads heads at a time: an interrupted run keeps the heads it
     finished (a poisoned value in the partial table survives) and computes only the rest, in the same order."""
     from kvcost.runs import which_gpu_grid as job
+    ks = ["FA3 FP8, no fix", "FA3 FP8, PR #104 (every tile)"]
     argv = ["--what", "grid", "--heads", "3", "--trials", "1", "--contexts", "2048", "--chunk-heads", "1",
-            "--kernels", "FA3 FP8, no fix", "--out", str(tmp_path / "g.csv")]
+            "--kernels", *ks, "--out", str(tmp_path / "g.csv")]
     assert job.main(argv) == 0
     full = pd.read_csv(tmp_path / "g.csv")
-    assert len(full) == 3 and not (tmp_path / "g.partial.csv").exists()
-    first = full.iloc[:1].copy()
+    assert len(full) == 6 and not (tmp_path / "g.partial.csv").exists()
+    assert list(full["kernel"]) == [ks[0]] * 3 + [ks[1]] * 3           # kernel-major, as asked
+    assert full["head"].tolist()[:3] == full["head"].tolist()[3:]
+    first = full.iloc[[0, 3]].copy()
     first["rel_l2"] = 123.0                                   # as if the run had stopped after one head
     first.to_csv(tmp_path / "g.partial.csv", index=False)
     capsys.readouterr()
     assert job.main(argv) == 0
     again = pd.read_csv(tmp_path / "g.csv")
-    assert list(again["head"]) == list(full["head"])
-    assert again["rel_l2"].iloc[0] == 123.0                   # kept, not recomputed
-    assert again["rel_l2"].iloc[1:].tolist() == full["rel_l2"].iloc[1:].tolist()
+    assert list(again["head"]) == list(full["head"]) and list(again["kernel"]) == list(full["kernel"])
+    assert again["rel_l2"].iloc[[0, 3]].tolist() == [123.0, 123.0]          # kept, not recomputed
+    rest = [1, 2, 4, 5]
+    assert again["rel_l2"].iloc[rest].tolist() == full["rel_l2"].iloc[rest].tolist()
     out = capsys.readouterr().out
-    assert "2/3 heads" in out and "3/3 heads" in out and "1/3 heads" not in out
+    assert "2/3 heads, 2 kernels" in out and "3/3 heads" in out and "1/3 heads" not in out
     with pytest.raises(SystemExit):
         job.parse_args([*argv[:-2], "--chunk-heads", "0"])

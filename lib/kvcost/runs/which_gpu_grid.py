@@ -6,9 +6,10 @@ at one or more contexts (``grid``), or FA3's no-fix pass at F = 13, 25, 35 kept 
     python -m kvcost.runs.which_gpu_grid --help                             # the same job
 
 ``--out`` is a folder (the table is ``<what>.csv`` in it) or a ``.csv`` path (as a sweep passes it:
-sweeps/which_gpu.yaml). Rows go to ``<table>.partial.csv`` one context, kernel and ``--chunk-heads`` heads at
-a time, so an interrupted run (or a long one spread over several sessions: 1M tokens on every head) resumes
-where it stopped; at the end the table and ``<table stem>.json`` are written (command, date,
+sweeps/which_gpu.yaml). Rows go to ``<table>.partial.csv`` ``--chunk-heads`` heads at a time (each
+chunk's haystacks built once and run through every kernel), so an interrupted run (or a long one spread over
+several sessions: 1M tokens on every head) resumes where it stopped; the table is ordered by context, kernel,
+head and trial as asked; at the end the table and ``<table stem>.json`` are written (command, date,
 package versions, git commit, parameters, run time and the sha256 of the table, which
 :func:`kvcost.provenance.checked` reads).
 """
@@ -82,14 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "grid":
         ks = kernels.lineup(args.kernels, phase=args.phase, head_dim=d)
         for n in args.contexts:
-            for k in ks:
-                todo = _heads_to_do(done, n, k.label, heads, args.trials)
-                for c0 in range(0, len(todo), args.chunk_heads):
-                    chunk = todo[c0:c0 + args.chunk_heads]
-                    df = wg.grid([k], chunk, n, args.trials, args.needle_weight, args.seed)
-                    df.to_csv(partial, mode="a", header=not partial.is_file(), index=False)
-                    print(f"{n} {k.label}: {len(heads) - len(todo) + c0 + len(chunk)}/{len(heads)} heads, "
-                          f"{time.time() - t0:.0f} s", flush=True)
+            # each chunk's haystacks are built once and run through every kernel still missing on them
+            missing = {k.label: {h.label for h in _heads_to_do(done, n, k.label, heads, args.trials)} for k in ks}
+            todo = [h for h in heads if any(h.label in m for m in missing.values())]
+            for c0 in range(0, len(todo), args.chunk_heads):
+                chunk = todo[c0:c0 + args.chunk_heads]
+                need = [k for k in ks if any(h.label in missing[k.label] for h in chunk)]
+                df = wg.grid(need, chunk, n, args.trials, args.needle_weight, args.seed)
+                df.to_csv(partial, mode="a", header=not partial.is_file(), index=False)
+                print(f"{n}: {len(heads) - len(todo) + c0 + len(chunk)}/{len(heads)} heads, {len(need)} kernels, "
+                      f"{time.time() - t0:.0f} s", flush=True)
         key = ["kernel", "n_tokens", "head", "trial"]
     else:
         for n in args.contexts:
@@ -103,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     df = df[df["n_tokens"].isin(args.contexts)]          # rows of an earlier, longer run left in the partial
     if args.what == "grid":
         df = df[df["kernel"].isin(args.kernels)]
+        # context, kernel, head, trial in the order asked, whatever order the chunks were run in
+        rank = {"n_tokens": {n: i for i, n in enumerate(args.contexts)},
+                "kernel": {k: i for i, k in enumerate(args.kernels)},
+                "head": {h.label: i for i, h in enumerate(heads)}}
+        df = df.sort_values(["n_tokens", "kernel", "head", "trial"], kind="stable",
+                            key=lambda c: c.map(rank[c.name]) if c.name in rank else c)
     df = df.reset_index(drop=True)
     df.to_csv(csv, index=False, lineterminator="\n")
     src = haystacks.QUERY_SOURCES[args.source]
