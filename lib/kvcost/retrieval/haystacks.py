@@ -313,8 +313,8 @@ def real_haystack(h: QueryHead, n: int, needle_weight: float, seed: int, kv_form
     nb = n - RECENT - 1
     pick = rng.choice(pool, size=nb)
     idx = np.concatenate([[0], pick, np.arange(p + 1 - RECENT, p + 1)])
-    k = h.k[idx].copy()
-    v = h.v[idx].copy()
+    k = h.k[idx]                                          # fancy indexing: new arrays already
+    v = h.v[idx]
     j = n // 2
     v[j] = h.v[rng.choice(pool)]
     q = fa3.store(h.q[r].astype(np.float32), "e4m3").astype(np.float64)
