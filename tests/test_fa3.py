@@ -283,3 +283,28 @@ def test_compiled_format_check_agrees_with_ml_dtypes_cast(t):
     assert got == [by_cast(x) for x in cases]
     assert got.count(True) >= 10 and got.count(False) >= 10            # both answers are exercised
     assert fa3kernel.all_in_format(np.array([1.0, np.inf]), fi.nmant, fi.minexp, float(fi.max)) is None
+
+
+def test_prepared_operands_give_the_same_attention_and_are_reused_only_for_the_same_objects():
+    """fa3.attend(prepared=...) shares stored, transposed and weighted operands across calls on the same
+    arrays: every kernel's output equals its unshared pass, bit for bit; a V with one row changed (the needle
+    swapped) is another object and is prepared anew, before and after the cache holds others."""
+    rng = np.random.default_rng(5)
+    q = fa3.store(rng.standard_normal((2, 1, 64)), "e4m3")
+    k = fa3.store(rng.standard_normal((2, 3000, 64)), "e4m3")
+    v = fa3.store(rng.standard_normal((2, 3000, 64)) + 0.3, "e4m3")
+    v2 = v.copy()
+    v2[:, 1500] = 0.0
+    ks = kernels.lineup(None, head_dim=64)
+    cache: dict = {}
+    for kern in ks:
+        for vv in (v, v2):
+            assert np.array_equal(kern.attend(q, k, vv, prepared=cache), kern.attend(q, k, vv)), kern.label
+    held = {id(x) for x, _ in cache.values()}
+    assert {id(q), id(k), id(v), id(v2)} <= held
+    v3 = v2.copy()
+    v3[:, 7] = 448.0                                                  # other values in a new object
+    assert np.array_equal(fa3.attend(q, k, v3, prepared=cache), fa3.attend(q, k, v3))
+    assert not np.array_equal(fa3.attend(q, k, v3), fa3.attend(q, k, v2))
+    with pytest.raises(ValueError, match="prepared"):
+        fa3.attend(q, k, v, prepared=[])

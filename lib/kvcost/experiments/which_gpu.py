@@ -97,13 +97,18 @@ def grid(ks: Sequence[kernels.Kernel], heads: Sequence[haystacks.QueryHead], n: 
     for b0 in range(0, len(keys), per):
         batch = keys[b0:b0 + per]
         base = [haystacks.real_haystack(h, n, needle_weight, seed + t) for h, t in batch]
+        group = None
         for kern in ks:
-            hs = [restored(x, kern) for x in base]
-            q = np.stack([x.q for x in hs])[:, None, :]
-            k = np.stack([x.k for x in hs])
-            # with the needle, then with its value swapped for h̄: two passes, so one copy of K and V is held
-            outs = kern.attend(q, k, np.stack([x.v for x in hs]), splits=splits)[:, 0]
-            offs = kern.attend(q, k, np.stack([x.v_off() for x in hs]), splits=splits)[:, 0]
+            # kernels in a row that read the cache alike share its stacked, stored, transposed and weighted
+            # operands (fa3.attend's ``prepared``); a new group lets the last one's go
+            if (kern.kv_format, kern.storage_only) != group:
+                group, prepared = (kern.kv_format, kern.storage_only), {}
+                hs = [restored(x, kern) for x in base]
+                q = np.stack([x.q for x in hs])[:, None, :]
+                k = np.stack([x.k for x in hs])
+                v, v_off = np.stack([x.v for x in hs]), np.stack([x.v_off() for x in hs])
+            outs = kern.attend(q, k, v, splits=splits, prepared=prepared)[:, 0]
+            offs = kern.attend(q, k, v_off, splits=splits, prepared=prepared)[:, 0]
             for i, ((h, t), x) in enumerate(zip(batch, hs)):
                 m = measure.metrics(x, outs[i])
                 rows.append({"kernel": kern.label, "gpu": kern.arch, "n_tokens": n, "head": h.label,

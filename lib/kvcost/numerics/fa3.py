@@ -276,7 +276,8 @@ def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float
            accumulator: str = "tensorcore", flush_every: int | None = None, block_n: int = 96,
            max_offset: int = 8, splits: int = 1, frac_bits: int | None = None, l_accumulator: str = "fp32",
            rounding: str = "toward_zero", arch: str = "Hopper", qk_frac_bits: int | None = None,
-           rescale_threshold: float = 0.0, p_scale: float | None = None, instr: str | None = None) -> np.ndarray:
+           rescale_threshold: float = 0.0, p_scale: float | None = None, instr: str | None = None,
+           prepared: dict | None = None) -> np.ndarray:
     """FlashAttention-3's FP8 forward pass for many heads and rows, in parallel.
 
     ``q`` (heads, n_q, d), ``k`` and ``v`` (kv_heads, n_k, d) with heads a multiple of
@@ -287,14 +288,19 @@ def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float
     exponent as the kernel does; the rest as :func:`attend_row`. QKᵀ runs on the same unit with its own
     fraction bits: ``frac_bits`` narrows P·V alone, ``qk_frac_bits`` (None: the unit's) QKᵀ alone.
     ``rescale_threshold``, ``p_scale``, ``instr`` as :func:`attend_row` (``instr`` for QKᵀ too).
+    ``prepared``: a dict the caller owns and passes to several calls on the same ``q``, ``k``, ``v`` objects
+    (unchanged between the calls: several kernels, or V swapped with K kept): each operand is stored,
+    transposed and weighted once (:func:`_prepared`; results are the same with or without it).
     Returns (heads, n_q, d) float64.
     """
     pk, ak, lk, flush, bn, mo, sp, targs = _common(p_format, accumulator, flush_every, block_n, max_offset,
                                                    splits, frac_bits, l_accumulator, rounding, arch, instr)
     extra = _extra(rescale_threshold, p_scale)
     _choice("qk", qk, QK_MODES)
-    qq, kk, vv = (store(_values(x, nm, 3), f, fn) for x, nm, f, fn in
-                  ((q, "q", q_format, "q_format"), (k, "k", kv_format, "kv_format"), (v, "v", kv_format, "kv_format")))
+    memo = _prepared(prepared)
+    qq, kk, vv = (memo(("store", f), x, lambda x=x, nm=nm, f=f, fn=fn: store(_values(x, nm, 3), f, fn))
+                  for x, nm, f, fn in ((q, "q", q_format, "q_format"), (k, "k", kv_format, "kv_format"),
+                                       (v, "v", kv_format, "kv_format")))
     hq, nq, d = qq.shape
     hk, nk, dk = kk.shape
     if dk != d or vv.shape[:2] != (hk, nk) or hk < 1 or hq % hk or nk < 1 or nq < 1:
@@ -312,19 +318,41 @@ def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float
     if sargs[0] != 0 and qk == "tensorcore":
         raise ValueError(f"parameter 'qk': QKᵀ on {arch}'s MFMA is not modelled; use qk='fp32' or 'exact'")
     # the float32-lane tensor core where its exactness conditions hold (e4m3 operands, truncation)
+    e4 = (lambda x: memo(("e4m3",), x, lambda: all_e4m3(x)))
     qk32 = qk == "tensorcore" and lanes32(0, 0, sargs[0], sfb, False, sok) and \
-        (q_format == "e4m3" or all_e4m3(qq)) and (kv_format == "e4m3" or all_e4m3(kk))
+        (q_format == "e4m3" or e4(qq)) and (kv_format == "e4m3" or e4(kk))
     pv32 = lanes32(pk, _AK[accumulator], targs[0], targs[2], targs[4], targs[5]) and \
-        (kv_format == "e4m3" or all_e4m3(vv))
+        (kv_format == "e4m3" or e4(vv))
     if (qk32 or pv32) and all(x.dtype == np.float32 or np.array_equal(x.astype(np.float32), x) for x in (qq, kk, vv)):
-        qq, kk, vv = (np.ascontiguousarray(x, dtype=np.float32) for x in (qq, kk, vv))
-    kT = np.ascontiguousarray(np.swapaxes(kk, 1, 2))
-    kwT = weights_nb(kT, _operand_emin(kT, arch, "b", instr))
-    vw = weights_nb(vv, _operand_emin(vv, arch, "b", instr))
-    qemin = _operand_emin(qq, arch, "a", instr)
+        qq, kk, vv = (memo(("f32",), x, lambda x=x: np.ascontiguousarray(x, dtype=np.float32)) for x in (qq, kk, vv))
+    kT = memo(("T",), kk, lambda: np.ascontiguousarray(np.swapaxes(kk, 1, 2)))
+    emins = [memo(("emin", arch, instr, w), x, lambda x=x, w=w: _operand_emin(x, arch, w, instr))
+             for x, w in ((kT, "b"), (vv, "b"), (qq, "a"))]
+    kwT = memo(("weights", emins[0]), kT, lambda: weights_nb(kT, emins[0]))
+    vw = memo(("weights", emins[1]), vv, lambda: weights_nb(vv, emins[1]))
+    qemin = emins[2]
     return attend_nb(qq, kT, kwT, vv, vw, hq // hk, bool(causal), scale_log2, pk, ak, lk, _AK[qk], flush, bn, mo, sp,
                      *targs, _P_EMIN[pk], qemin, sfb, sok, som, soemin, sofmax, qk32, pv32, numba.get_num_threads(),
                      *extra)
+
+
+def _prepared(cache: dict | None):
+    """``memo(step, x, make)``: ``make()``, kept in ``cache`` under (step, id(x)) with ``x`` itself, so that a
+    later call on the same object (``is``, not an equal copy, and never a new object at a reused address) takes
+    it; without a cache, ``make()``."""
+    if cache is not None and not isinstance(cache, dict):
+        raise ValueError(f"parameter 'prepared' must be a dict (or None), got {type(cache).__name__}")
+
+    def memo(step: tuple, x: Any, make: Any) -> Any:
+        if cache is None:
+            return make()
+        hit = cache.get((step, id(x)))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        out = make()
+        cache[(step, id(x))] = (x, out)
+        return out
+    return memo
 
 
 def exact_attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None) -> np.ndarray:

@@ -104,9 +104,11 @@ class Kernel:
             kw["qk"] = "fp32"                                # QKᵀ on MFMA is not modelled (fa3.attend)
         return kw
 
-    def attend(self, q: Any, k: Any, v: Any, *, splits: int = 1, causal: bool = False) -> np.ndarray:
-        """The kernel's forward pass on Q, K, V as the cache holds them (:func:`stored`): (heads, n_q, d)."""
-        return fa3.attend(q, k, v, causal=causal, **self.attend_kwargs(splits))
+    def attend(self, q: Any, k: Any, v: Any, *, splits: int = 1, causal: bool = False,
+               prepared: dict | None = None) -> np.ndarray:
+        """The kernel's forward pass on Q, K, V as the cache holds them (:func:`stored`): (heads, n_q, d);
+        ``prepared``: :func:`kvcost.numerics.fa3.attend`'s, shared by calls on the same arrays."""
+        return fa3.attend(q, k, v, causal=causal, prepared=prepared, **self.attend_kwargs(splits))
 
 
 def _num(text: str) -> float | None:
