@@ -85,6 +85,11 @@ def restored(h: haystacks.Haystack, k: kernels.Kernel) -> haystacks.Haystack:
     return haystacks.Haystack(h.q, kk, vv, j, float(w[j]), ref, hbar, swap, ref_off, h.parts)
 
 
+def _heads(arrays: list[np.ndarray]) -> np.ndarray:
+    """The arrays stacked along a new first (head) axis; one array as a view (no copy of a 1M-token cache)."""
+    return arrays[0][None] if len(arrays) == 1 else np.stack(arrays)
+
+
 def grid(ks: Sequence[kernels.Kernel], heads: Sequence[haystacks.QueryHead], n: int, trials: int, needle_weight: float,
          seed: int, splits: int = 1) -> pd.DataFrame:
     """Every head x haystack (seeds ``seed + t``) at context ``n`` through each kernel, with the needle and
@@ -104,9 +109,8 @@ def grid(ks: Sequence[kernels.Kernel], heads: Sequence[haystacks.QueryHead], n: 
             if (kern.kv_format, kern.storage_only) != group:
                 group, prepared = (kern.kv_format, kern.storage_only), {}
                 hs = [restored(x, kern) for x in base]
-                q = np.stack([x.q for x in hs])[:, None, :]
-                k = np.stack([x.k for x in hs])
-                v, v_off = np.stack([x.v for x in hs]), np.stack([x.v_off() for x in hs])
+                q, k, v, v_off = (_heads([a(x) for x in hs]) for a in (lambda x: x.q[None, :], lambda x: x.k,
+                                                                      lambda x: x.v, lambda x: x.v_off()))
             outs = kern.attend(q, k, v, splits=splits, prepared=prepared)[:, 0]
             offs = kern.attend(q, k, v_off, splits=splits, prepared=prepared)[:, 0]
             for i, ((h, t), x) in enumerate(zip(batch, hs)):

@@ -298,7 +298,7 @@ def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float
     extra = _extra(rescale_threshold, p_scale)
     _choice("qk", qk, QK_MODES)
     memo = _prepared(prepared)
-    qq, kk, vv = (memo(("store", f), x, lambda x=x, nm=nm, f=f, fn=fn: store(_values(x, nm, 3), f, fn))
+    qq, kk, vv = (memo(("store", f), x, lambda x=x, nm=nm, f=f, fn=fn: _stored_operand(x, nm, f, fn))
                   for x, nm, f, fn in ((q, "q", q_format, "q_format"), (k, "k", kv_format, "kv_format"),
                                        (v, "v", kv_format, "kv_format")))
     hq, nq, d = qq.shape
@@ -334,6 +334,15 @@ def attend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float
     return attend_nb(qq, kT, kwT, vv, vw, hq // hk, bool(causal), scale_log2, pk, ak, lk, _AK[qk], flush, bn, mo, sp,
                      *targs, _P_EMIN[pk], qemin, sfb, sok, som, soemin, sofmax, qk32, pv32, numba.get_num_threads(),
                      *extra)
+
+
+def _stored_operand(x: Any, name: str, fmt: str, fmt_name: str) -> np.ndarray:
+    """Operand ``x`` stored in ``fmt`` (:func:`store`); float32 e4m3 values already are, and are read in place
+    (the compiled pass never writes its operands): no copy of a long cache."""
+    a = _values(x, name, 3)
+    if fmt == "e4m3" and a.dtype == np.float32 and all_e4m3(a):
+        return a
+    return store(a, fmt, fmt_name)
 
 
 def _prepared(cache: dict | None):
