@@ -200,3 +200,10 @@ def test_storage_only_kernels_read_the_stored_values_rounded_once_to_bf16():
     assert got.dtype == np.float32 and np.array_equal(got, want)
     assert not np.array_equal(want, deq)                        # the bf16 rounding is not a no-op here
     assert np.array_equal(kernels.stored(x, e4), fa3.store(x, "e4m3"))   # e4m3 values are bf16 values
+
+
+def test_kernel_lineup_bench_row_holds_shared_and_own_passes_to_the_same_outputs():
+    from kvcost import bench
+    assert bench.bench_kernel_lineup in bench.BENCHMARKS
+    (row,) = bench.bench_kernel_lineup(n=1024)
+    assert row.note.endswith("bit for bit the same: True") and row.unit == "x faster" and row.value > 0

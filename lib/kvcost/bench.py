@@ -230,6 +230,34 @@ def bench_fa3_attend() -> list[BenchResult]:
                         f"numpy fp32 {t_np:.3f} s; FP8 kernel vs fp32 attention: rel. L2 {err:.2g}")]
 
 
+def bench_kernel_lineup(n: int = 65_536, d: int = 64) -> list[BenchResult]:
+    """Notebook 10's every-head grid step: all 13 kernels of kvcost.numerics.kernels, each with the needle and
+    with its value swapped, on one stored head of ``n`` keys: operands prepared once and shared
+    (fa3.attend's ``prepared``, as which_gpu.grid runs them) against each pass preparing its own. Bar: 2x,
+    and the outputs bit for bit the same."""
+    from kvcost.numerics import kernels
+    rng = np.random.default_rng(0)
+    q, k, v = (fa3.store(rng.standard_normal(shape), "e4m3") for shape in ((1, 1, d), (1, n, d), (1, n, d)))
+    v_off = v.copy()
+    v_off[0, n // 2] = 0.0
+    ks = kernels.lineup(None, head_dim=d)
+    for kern in ks:                                                 # warm-up (compile / cache load)
+        kern.attend(q[:, :1], k[:, :256], v[:, :256])
+
+    def run(share: bool) -> list[np.ndarray]:
+        by_format: dict = {}
+        return [kern.attend(q, k, vv, prepared=by_format.setdefault((kern.kv_format, kern.storage_only), {})
+                            if share else None) for kern in ks for vv in (v, v_off)]
+
+    t_own, own = _best_of(lambda: run(False), 1)
+    t_shared, shared = _best_of(lambda: run(True), 1)
+    same = all(np.array_equal(a, b) for a, b in zip(own, shared))
+    ratio = t_own / t_shared
+    return [BenchResult(f"13 kernels x (needle, swapped) on one head of {n:,} keys: shared operands vs own",
+                        t_shared, ratio, "x faster", 2.0, same and ratio >= 2.0,
+                        f"each pass preparing its own {t_own:.2f} s; outputs bit for bit the same: {same}")]
+
+
 def bench_real_model() -> list[BenchResult]:
     """SmolLM2-135M, measured in a fresh Python process (:func:`_real_model_rows`): after the other
     benchmarks' numpy BLAS and numba thread pools have run in this one, torch's forward passes here
@@ -398,6 +426,7 @@ BENCHMARKS: list[Callable[[], list[BenchResult]]] = [
     bench_tensorcore_dot,
     bench_units_vs_mmasim,
     bench_fa3_attend,
+    bench_kernel_lineup,
     bench_real_model,
     bench_gemma_banded,
     bench_window_metrics,
