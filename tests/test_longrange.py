@@ -386,3 +386,17 @@ def test_which_gpu_grid_resumes_by_head_chunk(tmp_path, capsys):
     assert "2/3 heads, 2 kernels" in out and "3/3 heads" in out and "1/3 heads" not in out
     with pytest.raises(SystemExit):
         job.parse_args([*argv[:-2], "--chunk-heads", "0"])
+
+
+def test_which_gpu_grid_gives_the_same_table_with_two_worker_processes(tmp_path):
+    """--workers 2 runs head chunks in spawned processes, finishing in any order: the table is the one-process
+    table, byte for byte."""
+    from kvcost.runs import which_gpu_grid as job
+    common = ["--what", "grid", "--heads", "4", "--trials", "1", "--contexts", "1024", "--chunk-heads", "1",
+              "--kernels", "FA3 FP8, no fix", "FlashMLA NVFP4 stored, bf16 MMA"]
+    assert job.main([*common, "--out", str(tmp_path / "one.csv")]) == 0
+    assert job.main([*common, "--workers", "2", "--out", str(tmp_path / "two.csv")]) == 0
+    one, two = (tmp_path / "one.csv").read_bytes(), (tmp_path / "two.csv").read_bytes()
+    assert one == two and len(pd.read_csv(tmp_path / "one.csv")) == 8
+    with pytest.raises(SystemExit):
+        job.parse_args([*common, "--workers", "0"])

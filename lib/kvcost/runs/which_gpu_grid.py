@@ -16,6 +16,10 @@ package versions, git commit, parameters, run time and the sha256 of the table, 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
+import functools
+import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -46,8 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kernels", nargs="+", default=list(kernels.KERNELS), help="labels of kernels.KERNELS")
     ap.add_argument("--chunk-heads", type=int, default=16,
                     help="grid: heads per append to the partial table, the unit an interrupted run resumes by")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="grid: processes running head chunks at once (each holds its own haystacks: about 5 GB "
+                         "for SmolLM2 at 1M tokens)")
     ap.add_argument("--out", type=Path, default=ROOT / "data" / "which_gpu")
     args = ap.parse_args(argv)
+    if args.workers < 1:
+        ap.error(f"--workers must be positive, got {args.workers}")
     if args.chunk_heads < 1:
         ap.error(f"--chunk-heads must be positive, got {args.chunk_heads}")
     if args.trials < 1:
@@ -70,6 +79,35 @@ def _heads_to_do(done: pd.DataFrame, n: int, kernel: str, heads: list, trials: i
     return [h for h in heads if have.get(h.label, 0) < trials]
 
 
+@functools.lru_cache(maxsize=2)
+def _query_heads(source: str) -> tuple:
+    """The extract's query heads, loaded (and its sha256 checked) once per process."""
+    return tuple(haystacks.query_heads(source))
+
+
+def _grid_chunk(source: str, phase: str, trials: int, needle_weight: float, seed: int, n: int, kernel_labels: list,
+                head_labels: list) -> tuple[int, pd.DataFrame]:
+    """One chunk of the grid (plain arguments, so that a worker process can run it): ``(n, rows)``."""
+    heads = [h for h in _query_heads(source) if h.label in set(head_labels)]
+    ks = kernels.lineup(kernel_labels, phase=phase, head_dim=heads[0].k.shape[1])
+    return n, wg.grid(ks, heads, n, trials, needle_weight, seed)
+
+
+@contextlib.contextmanager
+def _pool(workers: int):
+    """``map(fn, argument tuples)`` yielding results as they finish: in this process for one worker, else in
+    ``workers`` spawned processes (a head's rows do not depend on which process ran it)."""
+    if workers == 1:
+        yield lambda fn, items: (fn(*a) for a in items)
+        return
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        def run(fn, items):
+            futures = [ex.submit(fn, *a) for a in items]
+            for f in concurrent.futures.as_completed(futures):
+                yield f.result()
+        yield run
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     csv = args.out if args.out.suffix == ".csv" else args.out / f"{args.what}.csv"
@@ -82,16 +120,22 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     if args.what == "grid":
         ks = kernels.lineup(args.kernels, phase=args.phase, head_dim=d)
+        jobs = []
         for n in args.contexts:
             # each chunk's haystacks are built once and run through every kernel still missing on them
             missing = {k.label: {h.label for h in _heads_to_do(done, n, k.label, heads, args.trials)} for k in ks}
             todo = [h for h in heads if any(h.label in m for m in missing.values())]
             for c0 in range(0, len(todo), args.chunk_heads):
                 chunk = todo[c0:c0 + args.chunk_heads]
-                need = [k for k in ks if any(h.label in missing[k.label] for h in chunk)]
-                df = wg.grid(need, chunk, n, args.trials, args.needle_weight, args.seed)
+                need = [k.label for k in ks if any(h.label in missing[k.label] for h in chunk)]
+                jobs.append((n, need, [h.label for h in chunk]))
+        left = {n: sum(len(j[2]) for j in jobs if j[0] == n) for n in args.contexts}
+        with _pool(args.workers) as pool:
+            for n, df in pool(_grid_chunk, [(args.source, args.phase, args.trials, args.needle_weight, args.seed, *j)
+                                            for j in jobs]):
                 df.to_csv(partial, mode="a", header=not partial.is_file(), index=False)
-                print(f"{n}: {len(heads) - len(todo) + c0 + len(chunk)}/{len(heads)} heads, {len(need)} kernels, "
+                left[n] -= df["head"].nunique()
+                print(f"{n}: {len(heads) - left[n]}/{len(heads)} heads, {df['kernel'].nunique()} kernels, "
                       f"{time.time() - t0:.0f} s", flush=True)
         key = ["kernel", "n_tokens", "head", "trial"]
     else:
