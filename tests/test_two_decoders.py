@@ -156,7 +156,7 @@ def test_committed_multikey_1_grids_say_which_losses_a_count_can_see():
     stored = claims.retrieval_reading(grids, "stored", "niah_multikey_1")
     assert kernel.agrees is True and kernel.claim.endswith("on RULER niah_multikey_1")
     assert stored.agrees is False and "loss detected for store:q4_0" in stored.computed
-    gemma = "Gemma 3 270M at 4,096, 8,192, 16,384 tokens: loss detected for store:q4_0 at 8,192 (of 11)"
+    gemma = "Gemma 3 270M at 4,096, 8,192, 16,384 tokens: loss detected for store:q4_0 at 8,192 (of 12)"
     assert gemma in stored.computed
 
 def test_committed_runs_side_by_side():
