@@ -338,10 +338,10 @@ def test_every_head_grids_of_smollm2_cover_every_head_and_reproduce_live():
 
 def test_every_head_grids_of_gemma_cover_its_global_heads():
     """Gemma 3 270M's every-head grids (wg.GEMMA_HEAD_GRIDS): the 12 query heads of its global layers x 2
-    haystacks at 4k, 32k and 128k, every kernel of the registry at each."""
+    haystacks at 4k, 32k, 128k and 1M, every kernel of the registry at each."""
     from kvcost.experiments import which_gpu as wg
     expect = dict(source="gemma3-heads", heads="all", trials=2, needle_weight=0.05, seed=0, phase="chunked prefill")
-    kernels_run = {4096: 13, 32768: 13, 131072: 13}
+    kernels_run = {4096: 13, 32768: 13, 131072: 13, 1048576: 13}
     for name in wg.GEMMA_HEAD_GRIDS:
         df, _ = wg.committed(name, expect)
         assert df["n_tokens"].nunique() == 1 and df["head"].nunique() == 12 and set(df["layer"]) == {5, 11, 17}

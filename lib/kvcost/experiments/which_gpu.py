@@ -49,7 +49,8 @@ _RUN_FIRST = ("FA4 FP8, offset 8, stale max 4 (PR #2109)", "FA3 FP8, no fix", "C
 EVERY_HEAD_KERNELS = _RUN_FIRST + tuple(k for k in kernels.KERNELS if k not in _RUN_FIRST)
 #: The same kernels on every query head of Gemma 3 270M's global layers (haystacks.QUERY_SOURCES "gemma3-heads"),
 #: one committed table per context run.
-GEMMA_HEAD_GRIDS = ("grid_heads_gemma.csv", "grid_heads_gemma_32k.csv", "grid_heads_gemma_128k.csv")
+GEMMA_HEAD_GRIDS = ("grid_heads_gemma.csv", "grid_heads_gemma_32k.csv", "grid_heads_gemma_128k.csv",
+                    "grid_heads_gemma_1m.csv")
 #: SmolLM2's every-head grid beyond 4k (grid_heads.csv): the same kernels, heads and haystacks per head at 32k and
 #: 128k, one committed table per context run (sweeps/which_gpu_heads.yaml).
 SMOLLM2_HEAD_GRIDS = ("grid_heads_32k.csv", "grid_heads_128k.csv")
