@@ -22,7 +22,7 @@ from kvcost import floats, provenance
 from kvcost.experiments import accumulator_floor, needle_cliff, real_decoder_passkey
 from kvcost.inputs import synthetic
 from kvcost.models import decoders, sliding_window, window_metrics
-from kvcost.numerics import accum, attention, fa3, instructions, oracle, tensorcore
+from kvcost.numerics import accum, attention, fa3, instructions, kernels, oracle, tensorcore
 from kvcost.paths import data_path
 
 __all__ = ["BENCHMARKS", "BenchResult", "main", "run"]
@@ -235,7 +235,6 @@ def bench_kernel_lineup(n: int = 65_536, d: int = 64) -> list[BenchResult]:
     with its value swapped, on one stored head of ``n`` keys: operands prepared once and shared
     (fa3.attend's ``prepared``, as which_gpu.grid runs them) against each pass preparing its own. Bar: 2x,
     and the outputs bit for bit the same."""
-    from kvcost.numerics import kernels
     rng = np.random.default_rng(0)
     q, k, v = (fa3.store(rng.standard_normal(shape), "e4m3") for shape in ((1, 1, d), (1, n, d), (1, n, d)))
     v_off = v.copy()
