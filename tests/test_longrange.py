@@ -400,3 +400,74 @@ def test_which_gpu_grid_gives_the_same_table_with_two_worker_processes(tmp_path)
     assert one == two and len(pd.read_csv(tmp_path / "one.csv")) == 8
     with pytest.raises(SystemExit):
         job.parse_args([*common, "--workers", "0"])
+
+
+def test_law_fit_recovers_a_known_constant_and_slope():
+    """wg.law_fit on rows made by the law itself (rel_l2 = c·n·2^-F times a per-head factor): c comes back within
+    the heads' scatter, the slope is 1, and the interval resamples heads (4 heads: it is wide enough to hold c)."""
+    from kvcost.experiments import which_gpu as wg
+    rows = [{"frac_bits": f, "n_tokens": n, "head": f"h{h}", "trial": 0, "x": n * 2.0 ** -f,
+             "rel_l2": 0.03 * n * 2.0 ** -f * (1.0 + 0.1 * (h - 1.5)), "gain": 1.0}
+            for f in (13, 25) for n in (4096, 32768, 131072) for h in range(4)]
+    fit = wg.law_fit(pd.DataFrame(rows), boot=200, seed=0)
+    assert fit["frac_bits"].tolist() == [13, 25] and (fit["heads"] == 4).all() and (fit["haystacks"] == 12).all()
+    assert fit["slope"].to_numpy() == pytest.approx(1.0, abs=1e-9)
+    assert fit["c"].to_numpy() == pytest.approx(0.03, rel=0.02)
+    assert ((fit["c_lo"] < 0.03) & (0.03 < fit["c_hi"]) & (fit["c_hi"] / fit["c_lo"] < 1.3)).all()
+
+
+def test_laws_text_compares_decoders_only_where_the_error_is_the_accumulators():
+    """claims.laws_text: per decoder its law, then the constants compared at an F where the error falls by half at
+    the next F on every decoder; overlapping intervals serve both, apart ones are the model's; an F whose error
+    does not fall (or the last F) is not compared."""
+    from kvcost.claims import which_gpu as claims_wg
+
+    def fit(model, c13, lo13, hi13, c25):
+        return [{"model": model, "frac_bits": 13, "c": c13, "c_lo": lo13, "c_hi": hi13, "slope": 0.7,
+                 "slope_lo": 0.6, "slope_hi": 0.8, "heads": 4, "haystacks": 12},
+                {"model": model, "frac_bits": 25, "c": c25, "c_lo": c25 / 2, "c_hi": c25 * 2, "slope": 0.1,
+                 "slope_lo": 0.0, "slope_hi": 0.2, "heads": 4, "haystacks": 12}]
+    # c at 25 of 7.0 is an error 7·2^-25 ≈ 2e-7 of n: 5e4 times less than 0.036·2^-13 — the accumulator's at 13
+    both = pd.DataFrame(fit("A", 0.036, 0.034, 0.037, 7.0) + fit("B", 0.029, 0.021, 0.039, 11.0))
+    text = claims_wg.laws_text(both)
+    assert text.startswith("The n·2^-F law on A's heads (4 heads, 12 haystacks): F = 13: c = 0.036 [0.034, 0.037]")
+    assert "The n·2^-F law on B's heads" in text
+    assert text.endswith("Across the decoders: at F = 13 (A 0.036 [0.034, 0.037], B 0.029 [0.021, 0.039]) one "
+                         "constant serves them (the intervals overlap); at F = 25 the error is not shown to be the "
+                         "accumulator's on every decoder (it does not fall by half at the next F run, or no larger F "
+                         "was run), so no constant is compared.")
+    apart = pd.DataFrame(fit("A", 0.036, 0.034, 0.037, 7.0) + fit("B", 0.02, 0.015, 0.025, 11.0))
+    assert "at F = 13 (A 0.036 [0.034, 0.037], B 0.02 [0.015, 0.025]) the constant is the model's" in \
+        claims_wg.laws_text(apart)
+    # B's error at 25 as large as at 13 (c·2^-F equal): not the accumulator's on B, so 13 is not compared
+    flat = pd.DataFrame(fit("A", 0.036, 0.034, 0.037, 7.0) + fit("B", 0.029, 0.021, 0.039, 0.029 * 2.0 ** 12))
+    assert "at F = 13 and 25 the error is not shown" in claims_wg.laws_text(flat)
+    one = pd.DataFrame(fit("A", 0.036, 0.034, 0.037, 7.0)).drop(columns="model")
+    assert claims_wg.laws_text(one).startswith("The n·2^-F law: F = 13: c = 0.036") and "Across" not in \
+        claims_wg.laws_text(one)
+
+
+def test_committed_law_runs_cover_both_decoders_and_reproduce_live():
+    """wg.law_runs reads each decoder's committed law (wg.LAW_GRIDS): SmolLM2's 4 heads and Gemma 3 270M's 12
+    global-layer heads, F = 13, 25, 35 at 4k-128k, one haystack each; two Gemma heads at 4,096 recomputed here give
+    the committed errors; a context not committed is refused by name."""
+    from kvcost.experiments import which_gpu as wg
+    laws = wg.law_runs("committed", [4096, 32768, 131072], 4, 1, 0.05, 0)
+    assert list(laws) == ["SmolLM2-135M", "Gemma 3 270M"]
+    for model, heads in (("SmolLM2-135M", 4), ("Gemma 3 270M", 12)):
+        df = laws[model]
+        assert df["head"].nunique() == heads and len(df) == heads * 3 * 3 and set(df["frac_bits"]) == {13, 25, 35}
+    assert set(laws["Gemma 3 270M"]["head"]) == {f"L{lay}q{q}" for lay in (5, 11, 17) for q in range(4)}
+    g = laws["Gemma 3 270M"]
+    two = [h for h in haystacks.query_heads("gemma3-heads") if h.label in ("L5q0", "L17q3")]
+    live = wg.law_grid(two, [4096], 1, 0.05, 0)
+    m = live.merge(g, on=["frac_bits", "n_tokens", "head", "trial"], suffixes=("_live", "_committed"))
+    assert len(m) == 6 and (m["rel_l2_live"] - m["rel_l2_committed"]).abs().max() <= wg.SLICE_TOL
+    fit = wg.law_fits(laws, boot=200, seed=0)
+    assert fit.columns[0] == "model" and len(fit) == 6
+    f13 = fit[fit["frac_bits"] == 13].set_index("model")
+    assert f13.loc["Gemma 3 270M", "c_lo"] <= f13.loc["SmolLM2-135M", "c_hi"]        # the committed finding
+    with pytest.raises(ValueError, match="law_contexts.*1048576"):
+        wg.law_runs("committed", [1048576], 4, 1, 0.05, 0)
+    with pytest.raises(ValueError, match="parameter 'source'"):
+        wg.law_runs("cached", [4096], 4, 1, 0.05, 0)

@@ -12,8 +12,8 @@ from kvcost.experiments import long_range_needle as lr
 from kvcost.paths import data_path
 from kvcost.provenance import checked
 
-__all__ = ["HOPPER_FIXES", "beside_published", "errata", "every_head_text", "law_text", "load_statements", "printed",
-           "readings", "verdict"]
+__all__ = ["HOPPER_FIXES", "beside_published", "errata", "every_head_text", "law_text", "laws_text", "load_statements",
+           "printed", "readings", "verdict"]
 
 #: The emulated Hopper FA3 kernels that correspond to the published NIAH rows (notebook 06's fix names).
 HOPPER_FIXES = {"no fix": "FA3 FP8, no fix", "PR #104 every tile": "FA3 FP8, PR #104 (every tile)",
@@ -64,6 +64,46 @@ def law_text(fit: pd.DataFrame) -> str:
         text += (f" From F = {a} to {b} the error changes by a factor {ratio:.2g} where the law predicts "
                  f"2^-{b - a}" + (": there the error is not the accumulator's." if ratio > 0.5 else "."))
     return text
+
+
+def _accumulators(fit: pd.DataFrame) -> list[int]:
+    """The F of one decoder's fit where the error is the accumulator's: it falls by at least half from this F to
+    the next F fitted (with more kept bits the accumulator's share shrinks; an error that does not is another's)."""
+    f = fit.set_index("frac_bits")
+    return [int(a) for a, b in itertools.pairwise(f.index)
+            if f.loc[b, "c"] * 2.0 ** -b <= 0.5 * f.loc[a, "c"] * 2.0 ** -a]
+
+
+def _and(items: list) -> str:
+    items = [str(x) for x in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def laws_text(fit: pd.DataFrame) -> str:
+    """:func:`law_text` per decoder (``fit``: :func:`kvcost.experiments.which_gpu.law_fits`'s table, a ``model``
+    column; without one, a single decoder's), then the decoders' constants compared at each F where the error
+    is the accumulator's on every decoder (:func:`_accumulators`): overlapping intervals, one constant serves
+    them; apart, the constant is the model's. At an F where it is not, a shared constant would mean nothing."""
+    if "model" not in fit.columns:
+        return "The n·2^-F law: " + law_text(fit)
+    by = {m: g.reset_index(drop=True) for m, g in fit.groupby("model", sort=False)}
+    parts = [f"The n·2^-F law on {m}'s heads ({int(g['heads'].iloc[0])} heads, {int(g['haystacks'].iloc[0])} "
+             f"haystacks): " + law_text(g) for m, g in by.items()]
+    if len(by) >= 2:
+        common = sorted(set.intersection(*(set(_accumulators(g)) for g in by.values())))
+        said = []
+        for f in common:
+            g = fit[fit["frac_bits"] == f]
+            cs = ", ".join(f"{r.model} {r.c:.2g} [{r.c_lo:.2g}, {r.c_hi:.2g}]" for r in g.itertuples())
+            said.append(f"at F = {f} ({cs}) " + ("one constant serves them (the intervals overlap)"
+                                                  if g["c_lo"].max() <= g["c_hi"].min() else
+                                                  "the constant is the model's (the intervals do not overlap)"))
+        rest = sorted(set(fit["frac_bits"].astype(int)) - set(common))
+        if rest:
+            said.append(f"at F = {_and(rest)} the error is not shown to be the accumulator's on every decoder (it does "
+                        f"not fall by half at the next F run, or no larger F was run), so no constant is compared")
+        parts.append("Across the decoders: " + "; ".join(said) + ".")
+    return "\n\n".join(parts)
 
 
 def printed() -> list[Check]:
@@ -169,6 +209,6 @@ def _findings(summ: pd.DataFrame, loss: pd.DataFrame, fit: pd.DataFrame, beside:
                                                      f"{r.emulated_rel_l2:.2g}" for r in b.itertuples())
                      + f" — kept rates: {order(list(b['emulated_rate']))}; the output's error (lower for higher "
                        f"accuracy): {order([-x for x in b['emulated_rel_l2']])}.")
-    lines.append("The n·2^-F law: " + law_text(fit))
+    lines.append(laws_text(fit))
     return "\n\n".join(lines)
 

@@ -30,9 +30,9 @@ from kvcost.paths import data_path
 from kvcost.provenance import checked
 from kvcost.retrieval import haystacks, measure
 
-__all__ = ["COMMITTED", "EVERY_HEAD_KERNELS", "GEMMA_HEAD_GRIDS", "LAW_FRAC_BITS", "SLICE_TOL", "SMOLLM2_HEAD_GRIDS",
-           "committed", "first_loss", "grid", "head_rates", "head_spread", "law_fit", "law_grid", "pick_heads",
-           "restored", "slice_check", "summary"]
+__all__ = ["COMMITTED", "EVERY_HEAD_KERNELS", "GEMMA_HEAD_GRIDS", "LAW_FRAC_BITS", "LAW_GRIDS", "SLICE_TOL",
+           "SMOLLM2_HEAD_GRIDS", "committed", "first_loss", "grid", "head_rates", "head_spread", "law_fit", "law_fits",
+           "law_grid", "law_runs", "pick_heads", "restored", "slice_check", "summary"]
 
 #: The committed grid and law runs (scripts/which_gpu_grid.py, sweeps/which_gpu.yaml): a folder of the package
 #: data (``data/which_gpu`` in a checkout).
@@ -54,6 +54,11 @@ GEMMA_HEAD_GRIDS = ("grid_heads_gemma.csv", "grid_heads_gemma_32k.csv", "grid_he
 #: SmolLM2's every-head grid beyond 4k (grid_heads.csv): the same kernels, heads and haystacks per head at 32k and
 #: 128k, one committed table per context run (sweeps/which_gpu_heads.yaml).
 SMOLLM2_HEAD_GRIDS = ("grid_heads_32k.csv", "grid_heads_128k.csv")
+#: The n·2^-F law's committed runs per decoder: its table, the query heads it ran on (haystacks.QUERY_SOURCES) and
+#: which of them: SmolLM2's on ``heads`` spread over its 4-layer extract (law.csv, 4 heads), Gemma 3 270M's on all
+#: 12 query heads of its global layers (law_gemma.csv); one haystack per head and context, 4k to 128k.
+LAW_GRIDS: dict[str, tuple[str, str, str]] = {"SmolLM2-135M": ("law.csv", "smollm2", "spread"),
+                                              "Gemma 3 270M": ("law_gemma.csv", "gemma3-heads", "all")}
 _BATCH_ELEMENTS = 1 << 25
 
 
@@ -165,6 +170,38 @@ def law_fit(df: pd.DataFrame, boot: int = 2000, seed: int = 0) -> pd.DataFrame:
                     "slope_lo": float(np.quantile(bs[:, 1], 0.025)), "slope_hi": float(np.quantile(bs[:, 1], 0.975)),
                     "heads": len(heads), "haystacks": len(g)})
     return pd.DataFrame(out)
+
+
+def law_runs(source: str, contexts: Sequence[int], heads: int, trials: int, needle_weight: float,
+             seed: int) -> dict[str, pd.DataFrame]:
+    """Each decoder's law table (:data:`LAW_GRIDS`) at ``contexts``: ``source="committed"`` reads the committed
+    table (sha256 and parameters checked: SmolLM2's run on ``heads`` heads, Gemma's on all its global-layer
+    heads, ``trials`` haystacks each); ``"live"`` runs :func:`law_grid` on the same heads."""
+    if source not in ("committed", "live"):
+        raise ValueError(f"parameter 'source' must be 'committed' or 'live', got {source!r}")
+    out = {}
+    for model, (name, query_source, which) in LAW_GRIDS.items():
+        count = heads if which == "spread" else "all"
+        if source == "committed":
+            expect = dict(heads=count, trials=trials, needle_weight=needle_weight, seed=seed)
+            if query_source != "smollm2":           # law.csv predates the runner's source parameter
+                expect["source"] = query_source
+            df, _ = committed(name, expect)
+            missing = sorted(set(contexts) - set(df["n_tokens"]))
+            if missing:
+                raise ValueError(f"parameter 'law_contexts': {missing} not in data/{COMMITTED}/{name} "
+                                 f"(committed: {sorted(set(df['n_tokens']))})")
+            out[model] = df[df["n_tokens"].isin(contexts)].reset_index(drop=True)
+        else:
+            hs = pick_heads(heads, query_source) if which == "spread" else haystacks.query_heads(query_source)
+            out[model] = law_grid(hs, contexts, trials, needle_weight, seed)
+    return out
+
+
+def law_fits(laws: dict[str, pd.DataFrame], boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """:func:`law_fit` per decoder (``laws``: name → its law table), a leading ``model`` column."""
+    return pd.concat([law_fit(df, boot=boot, seed=seed).assign(model=model) for model, df in laws.items()],
+                     ignore_index=True).pipe(lambda f: f[["model", *[c for c in f.columns if c != "model"]]])
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:

@@ -3,6 +3,8 @@ at one or more contexts (``grid``), or FA3's no-fix pass at F = 13, 25, 35 kept 
 
     nice -n 10 .venv/bin/python scripts/which_gpu_grid.py --what grid      # data/which_gpu/grid.csv
     nice -n 10 .venv/bin/python scripts/which_gpu_grid.py --what law       # data/which_gpu/law.csv
+    nice -n 10 .venv/bin/python scripts/which_gpu_grid.py --what law --source gemma3-heads --heads all \
+        --trials 1 --out data/which_gpu/law_gemma.csv                       # Gemma 3 270M's law (3.3 min)
     python -m kvcost.runs.which_gpu_grid --help                             # the same job
 
 ``--out`` is a folder (the table is ``<what>.csv`` in it) or a ``.csv`` path (as a sweep passes it:
