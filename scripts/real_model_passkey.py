@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Passkey retrieval on SmolLM2-135M: a resumable grid of (context, trial, variant) cells.
+"""Passkey and RULER retrieval on a real decoder (SmolLM2-135M or Gemma 3 270M): a resumable grid of cells.
 
 An entry point: the job is ``kvcost.runs.real_model_passkey``
 (``python -m kvcost.runs.real_model_passkey --help``), with the same flags, defaults and output.
