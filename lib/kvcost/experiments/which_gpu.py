@@ -51,9 +51,9 @@ EVERY_HEAD_KERNELS = _RUN_FIRST + tuple(k for k in kernels.KERNELS if k not in _
 #: one committed table per context run.
 GEMMA_HEAD_GRIDS = ("grid_heads_gemma.csv", "grid_heads_gemma_32k.csv", "grid_heads_gemma_128k.csv",
                     "grid_heads_gemma_1m.csv")
-#: SmolLM2's every-head grid beyond 4k (grid_heads.csv): the same kernels, heads and haystacks per head at 32k and
-#: 128k, one committed table per context run (sweeps/which_gpu_heads.yaml).
-SMOLLM2_HEAD_GRIDS = ("grid_heads_32k.csv", "grid_heads_128k.csv")
+#: SmolLM2's every-head grid beyond 4k (grid_heads.csv): the same kernels, heads and haystacks per head at 32k,
+#: 128k and 1M, one committed table per context run (sweeps/which_gpu_heads.yaml).
+SMOLLM2_HEAD_GRIDS = ("grid_heads_32k.csv", "grid_heads_128k.csv", "grid_heads_1m.csv")
 #: The n·2^-F law's committed runs per decoder: its table, the query heads it ran on (haystacks.QUERY_SOURCES) and
 #: which of them: SmolLM2's on ``heads`` spread over its 4-layer extract (law.csv, 4 heads), Gemma 3 270M's on all
 #: 12 query heads of its global layers (law_gemma.csv); one haystack per head and context, 4k to 128k.

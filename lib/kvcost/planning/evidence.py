@@ -86,11 +86,11 @@ def default_kernel_dir() -> Path:
 
 
 #: Notebook 10's grid files in a kernel folder, in the order they are read: every one of SmolLM2's 270 query
-#: heads x 2 haystacks at 4,096, 32,768 and 131,072 tokens (every kernel: kvcost.experiments.which_gpu's
+#: heads x 2 haystacks at 4,096, 32,768, 131,072 and 1,048,576 tokens (every kernel: kvcost.experiments.which_gpu's
 #: EVERY_HEAD_KERNELS and SMOLLM2_HEAD_GRIDS), 16 heads x 2 at 4,096, 4 heads at 4k-128k, 2 heads at 1M.
 #: A kernel's rows at one length come from the first file that has them.
-KERNEL_GRIDS = ("grid_heads.csv", "grid_heads_32k.csv", "grid_heads_128k.csv", "grid_4k.csv", "grid.csv",
-                "grid_1m.csv")
+KERNEL_GRIDS = ("grid_heads.csv", "grid_heads_32k.csv", "grid_heads_128k.csv", "grid_heads_1m.csv", "grid_4k.csv",
+                "grid.csv", "grid_1m.csv")
 #: The published accuracies and statements set beside the emulated kernels, by GPU (notebook 10's ``gpu``):
 #: quantity keys of data/accumulation_published.csv and statement keys of published_statements.csv.
 #: Each key names what its figure measured, as the planner prints it.
