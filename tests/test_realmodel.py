@@ -1013,6 +1013,20 @@ def test_passkey_job_writes_each_decoders_rows_in_its_folder():
         job.parse_args(["--model", "llama", "--context", "1024"])
 
 
+def test_passkey_job_order_variant_runs_each_variants_trials_before_the_next():
+    """--order variant leaves whole (context, variant) cells when a run stops early; the default shares a prompt."""
+    from kvcost.runs import real_model_passkey as job
+    argv = ["--model", "gemma3-270m", "--context", "4096", "8192", "--trial", "1", "0",
+            "--variants", "store:q8_0", "store:q4_0"]
+    both = ["store:q8_0", "store:q4_0"]
+    assert job.cells(job.parse_args(argv)) == [(c, i, both) for c in (4096, 8192) for i in (0, 1)]
+    assert job.cells(job.parse_args([*argv, "--order", "variant"])) == [
+        (4096, 0, ["store:q8_0"]), (4096, 1, ["store:q8_0"]), (4096, 0, ["store:q4_0"]), (4096, 1, ["store:q4_0"]),
+        (8192, 0, ["store:q8_0"]), (8192, 1, ["store:q8_0"]), (8192, 0, ["store:q4_0"]), (8192, 1, ["store:q4_0"])]
+    with pytest.raises(SystemExit):
+        job.parse_args([*argv, "--order", "context"])
+
+
 def test_passkey_job_refuses_a_format_the_decoders_cache_cannot_store_before_it_runs(capsys):
     from kvcost.runs import real_model_passkey as job
     with pytest.raises(SystemExit):

@@ -59,6 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="only these trials (0-based, < --trials; a sweep runs one trial per run)")
     ap.add_argument("--variants", type=checked(pk.parse_variant), nargs="+", default=["exact", "fa3"],
                     help="exact, store:<fmt>, fa3[:k=v,...], fa3full[:k=v,...]")
+    ap.add_argument("--order", choices=["trial", "variant"], default="trial",
+                    help="trial (default): each trial's variants together, so exact and the fa3 variants share "
+                    "one exact prefix; variant: each variant's trials before the next variant's, so a run stopped "
+                    "early leaves whole (context, variant) cells (for stored formats, which share nothing)")
     ap.add_argument("--threads", type=int_at_least(1), default=2)
     ap.add_argument("--out", type=Path, default=None,
                     help="the CSV rows are appended to (provenance beside it); default: the model's (default_out)")
@@ -83,6 +87,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def cells(args: argparse.Namespace) -> list[tuple[int, int, list[str]]]:
+    """The grid in run order, as ``(context, trial, variants run on that trial's prompt together)``:
+    ``--order trial`` gives each trial all its variants at once; ``--order variant`` one variant per
+    entry, every trial of a variant before the next variant (contexts outermost either way)."""
+    if args.order == "trial":
+        return [(c, i, list(args.variants)) for c in args.context for i in args.trial_list]
+    return [(c, i, [v]) for c in args.context for v in args.variants for i in args.trial_list]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model, tok = decoders.load(args.model, args.threads)
@@ -96,21 +109,20 @@ def main(argv: list[str] | None = None) -> int:
         note={"model": args.model, "task": args.task, "gguf_sha256": provenance.sha256(decoders.gguf_path(args.model))})
     done = provenance.finished_keys(args.out, [("context", int), ("trial", int), ("variant", str)])
     with provenance.appending(args.out, FIELDS) as write:
-        for c in args.context:
-            for i in args.trial_list:
-                todo = [v for v in args.variants if (c, i, v) not in done]
-                if not todo:
-                    continue
-                depth = (i + 0.5) / args.trials
-                prompt = ruler.build_prompt(tok, c, depth, seed=1000 * c + i, model=args.model, task=args.task)
-                results = pk.run_trial(model, attn, prompt, todo)
-                for v in todo:
-                    res = results[v]
-                    write({"context": c, "trial": i, "depth": depth,
-                                     "tokens": len(prompt.prefix) + len(prompt.tail), "variant": v,
-                                     "success": int(res["success"]), "margin": repr(res["margin"]),
-                                     "seconds": round(res["seconds"], 1)})
-                    print(f"context {c} trial {i} depth {depth:.3f} {v}: {res}", flush=True)
+        for c, i, variants in cells(args):
+            todo = [v for v in variants if (c, i, v) not in done]
+            if not todo:
+                continue
+            depth = (i + 0.5) / args.trials
+            prompt = ruler.build_prompt(tok, c, depth, seed=1000 * c + i, model=args.model, task=args.task)
+            results = pk.run_trial(model, attn, prompt, todo)
+            for v in todo:
+                res = results[v]
+                write({"context": c, "trial": i, "depth": depth,
+                       "tokens": len(prompt.prefix) + len(prompt.tail), "variant": v,
+                       "success": int(res["success"]), "margin": repr(res["margin"]),
+                       "seconds": round(res["seconds"], 1)})
+                print(f"context {c} trial {i} depth {depth:.3f} {v}: {res}", flush=True)
     return 0
 
 
