@@ -723,3 +723,38 @@ def test_nvfp4_matches_torchao_bit_for_bit() -> None:
     ours = bf.nvfp4_quantize(x)
     assert np.array_equal(n.scale.view(torch.float8_e4m3fn).float().numpy().reshape(ours.scale.shape), ours.scale)
     assert np.array_equal(n.dequantize(torch.float32).numpy(), bf.nvfp4_dequantize(ours))
+
+
+def test_nvfp4_round_trip_in_pieces_is_the_one_piece_round_trip_bit_for_bit_in_bounded_memory():
+    """NVFP4 is stored a piece of rows at a time with the whole array's amax as tensor scale: the values are one
+    round trip's over the whole array (the amax sits in a late piece, so a piece's own amax would differ), for
+    both recipes and 4-over-6, and the round trip's memory follows the piece, not the array."""
+    import tracemalloc
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 700, 64)).astype(np.float32)
+    x[2, 650, 7] = 900.0                                        # the tensor's amax, in the last piece
+    for kw in ({}, {"recipe": "compressed-tensors"}, {"four_over_six": True}, {"tensor_amax": 2000.0}):
+        want = bf.nvfp4_roundtrip(x, rows_per_piece=10**9, **kw)      # one piece
+        assert np.array_equal(bf.nvfp4_roundtrip(x, **kw), want), kw  # the default piece holds all 2,100
+        for rows in (1, 7, 512):
+            assert np.array_equal(bf.nvfp4_roundtrip(x, rows_per_piece=rows, **kw), want), (kw, rows)
+    one = bf.nvfp4_roundtrip(x, rows_per_piece=10**9)
+    assert np.array_equal(quant.roundtrip(x, "nvfp4"), one)                   # the registry's path
+    assert not np.array_equal(bf.nvfp4_roundtrip(x[0, :7]), one[0, :7])   # own amax: another store
+    assert np.array_equal(bf.nvfp4_roundtrip(np.zeros((5, 16)), rows_per_piece=2), np.zeros((5, 16)))
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="rows_per_piece"):
+            bf.nvfp4_roundtrip(x, rows_per_piece=bad)
+    with pytest.raises(ValueError, match="finite"):
+        bf.nvfp4_roundtrip(np.full((5, 16), np.inf), rows_per_piece=2)
+
+    big = rng.standard_normal((1 << 15, 64)).astype(np.float32)          # 8 MiB of float32
+    peaks = {}
+    for rows in (1 << 15, 1 << 11):
+        tracemalloc.start()
+        bf.nvfp4_roundtrip(big, rows_per_piece=rows)
+        peaks[rows] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peaks[1 << 15] > 4 * big.nbytes                      # one piece: temporaries of the whole
+    assert peaks[1 << 11] < 3 * big.nbytes                      # in pieces: the result and one piece's

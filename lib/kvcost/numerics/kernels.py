@@ -35,9 +35,9 @@ import numpy as np
 from kvcost.floats import round_to
 from kvcost.numerics import fa3, kernel_facts
 from kvcost.numerics.kernel_facts import KERNELS
-from kvcost.storage.quant import nvfp4_roundtrip, roundtrip
+from kvcost.storage.quant import roundtrip
 
-__all__ = ["KERNELS", "NVFP4_ROWS_PER_PIECE", "PHASES", "Kernel", "kernel", "kernels", "lineup", "lineup_table",
+__all__ = ["KERNELS", "PHASES", "Kernel", "kernel", "kernels", "lineup", "lineup_table",
            "stored"]
 
 PHASES = ("decode", "chunked prefill")
@@ -226,17 +226,16 @@ def lineup_table(ks: list[Kernel]) -> list[dict[str, Any]]:
     return out
 
 
-def stored(x: Any, k: Kernel, *, rows_per_piece: int | None = None) -> np.ndarray:
+def stored(x: Any, k: Kernel) -> np.ndarray:
     """``x`` as kernel ``k`` reads it: e4m3 at scale 1.0 (float32) for FP8 kernels; for storage-only
     kernels the stored format (e4m3, or NVFP4: e2m1 with an e4m3 scale per 16 values,
     :func:`kvcost.storage.quant.roundtrip`) dequantized to bf16, as the kernel dequantizes into shared memory.
 
-    NVFP4 is stored ``rows_per_piece`` rows (tokens) at a time (default :data:`NVFP4_ROWS_PER_PIECE`) with the
-    whole array's amax as the tensor scale, so memory stays bounded at 1M tokens and the values are those of
-    one round trip over the whole array, bit for bit."""
+    NVFP4's round trip goes a piece of rows (tokens) at a time with the whole array's amax as the tensor scale
+    (:data:`kvcost.storage.blockfloat.NVFP4_ROWS_PER_PIECE`), so memory stays bounded at 1M tokens."""
     a = np.asarray(x, dtype=np.float32)
     if k.kv_format == "nvfp4":
-        deq = _nvfp4_in_pieces(a, NVFP4_ROWS_PER_PIECE if rows_per_piece is None else rows_per_piece)
+        deq = roundtrip(a, "nvfp4")
     else:
         deq = fa3.store(a, "e4m3")
     if not k.storage_only:
@@ -244,24 +243,3 @@ def stored(x: Any, k: Kernel, *, rows_per_piece: int | None = None) -> np.ndarra
     if deq.dtype == np.float32:          # float32 values: ml_dtypes' cast is one rounding to nearest even (fast)
         return deq.astype(ml_dtypes.bfloat16).astype(np.float32)
     return round_to(np.asarray(deq, dtype=np.float64), "bf16").astype(np.float32)
-
-
-#: Rows (tokens) per NVFP4 round trip in :func:`stored`. The round trip's float64 temporaries grow with the rows
-#: it is given: in one piece it held 6.2 times the float32 array's bytes (tracemalloc, a 256k x 256 cache; about
-#: 6 GB for Gemma 3 270M's 1M x 256), in pieces of 2^16 rows 2.5 times at 256k, less as the array grows.
-NVFP4_ROWS_PER_PIECE = 1 << 16
-
-
-def _nvfp4_in_pieces(a: np.ndarray, rows_per_piece: int) -> np.ndarray:
-    """NVFP4's round trip of float32 ``a`` along its last axis, ``rows_per_piece`` rows at a time, the tensor
-    scale from the whole array's amax (the one-piece round trip's own calibration)."""
-    if not (isinstance(rows_per_piece, (int, np.integer)) and rows_per_piece >= 1):
-        raise ValueError(f"parameter 'rows_per_piece' must be an int >= 1, got {rows_per_piece!r}")
-    flat = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
-    amax = float(np.max(np.abs(flat))) if flat.size else 0.0
-    if len(flat) <= rows_per_piece or not (np.isfinite(amax) and amax > 0):
-        return roundtrip(flat.astype(np.float64), "nvfp4").reshape(a.shape)
-    out = np.empty(flat.shape, dtype=np.float32)
-    for i in range(0, len(flat), rows_per_piece):
-        out[i:i + rows_per_piece] = nvfp4_roundtrip(flat[i:i + rows_per_piece].astype(np.float64), tensor_amax=amax)
-    return out.reshape(a.shape)
