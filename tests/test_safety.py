@@ -180,6 +180,19 @@ def test_publish_schema_refuses_bad_rows(row, words, table):
         assert w in str(err.value)
 
 
+def test_check_rows_infers_another_tables_rules_from_its_values_as_text_or_as_pandas_read_them():
+    """A table without a schema takes the kinds its committed values have, whether the caller read them
+    with dtype=str or let pandas parse them."""
+    import pandas as pd
+    old = pd.DataFrame({"n": [1, 2], "x": [0.5, 1.5], "name": ["a", "b"]})
+    for existing in (old, old.astype(str)):
+        store.check_rows("other.csv", ["n", "x", "name"], [["3", "2.5", "c"]], existing)
+        with pytest.raises(ValueError, match=r"column 'n' must be an integer, got '2\.5'"):
+            store.check_rows("other.csv", ["n", "x", "name"], [["2.5", "2.5", "c"]], existing)
+        with pytest.raises(ValueError, match="column 'x' must be a number"):
+            store.check_rows("other.csv", ["n", "x", "name"], [["3", "wide", "c"]], existing)
+
+
 def test_every_ruler_task_table_has_a_publish_schema():
     from kvcost.experiments import real_decoder_passkey as pk
     from kvcost.retrieval import ruler

@@ -233,11 +233,12 @@ def _value(kind: str, text: str) -> Any:
 
 
 def _infer(values: list[str]) -> Column:
-    """The rule the values a table already holds follow: int, float, else text (any)."""
+    """The rule the values a table already holds follow: int, float, else text (any). The values may be
+    text or what pandas read them as (a column of numpy integers is a column of integers)."""
     for kind in ("int", "float"):
         try:
             for v in values:
-                _value(kind, v)
+                _value(kind, str(v))
         except ValueError:
             continue
         return kind, None, None
