@@ -349,6 +349,40 @@ def test_publish_appends_new_rows_to_the_committed_file_and_keeps_existing_ones(
         script_sweep(tmp_path, "product:\n  x: [1]", extra="publish: {path: ../a.csv, key: [x]}\n", name="bad")
 
 
+def test_coverage_reads_the_grid_against_the_committed_file_and_skip_committed_runs_only_the_rest(
+        tmp_path, monkeypatch, capsys):
+    """A run is committed when every row it writes is in the publish file: x=1 is, x=[2, 3] half, x=4 not;
+    --skip-committed runs the other two, and a key column no parameter names is refused by name."""
+    from kvcost.sweep import coverage
+
+    dest = tmp_path / "data" / "rows.csv"
+    dest.parent.mkdir()
+    dest.write_text("x,scaled,loud\n1,1.0,0\n2,2.0,0\n")
+    monkeypatch.setattr(sweep.spec, "repo_root", lambda: tmp_path)
+    counter = tmp_path / "ran.txt"
+    s = script_sweep(tmp_path, "product:\n  x: [1, [2, 3], 4]",
+                     extra=f"publish: {{path: data/rows.csv, key: [x]}}\nparams: {{counter: {counter}}}\n")
+    assert coverage.run_cells(s, s.runs[1]) == {("2",), ("3",)}
+    assert list(coverage.run_coverage(s).values()) == [(1, 1), (1, 2), (0, 1)]
+    out = tmp_path / "out"
+    assert cli.main(["status", str(s.path), "--out", str(out)]) == 1
+    shown = capsys.readouterr().out
+    assert "committed 1/1" in shown and "committed 1/2" in shown and "committed 0/1" in shown
+    assert "committed: 2 of the grid's 4 rows; 1 of 3 runs have every row" in shown
+    argv = ["run", str(s.path), "--out", str(out), "--no-progress", "--script", str(tmp_path / "toy_script.py")]
+    assert cli.main([*argv, "--skip-committed"]) == 0
+    assert counter.read_text().splitlines() == ["2 3", "4"]            # run 0 left out
+    assert "1 run(s) left out: every row they write is committed already" in capsys.readouterr().err
+    plain = script_sweep(tmp_path, "product:\n  x: [1]", name="no_publish")
+    assert cli.main(["run", str(plain.path), "--out", str(tmp_path / "o2"), "--skip-committed",
+                     "--script", str(tmp_path / "toy_script.py")]) == 2
+    assert "--skip-committed needs a sweep that publishes" in capsys.readouterr().err
+    odd = script_sweep(tmp_path, "product:\n  x: [1]", extra="publish: {path: data/rows.csv, key: [loud]}\n",
+                       name="odd_key")
+    with pytest.raises(ValueError, match="publish key column 'loud' is not a parameter of its runs"):
+        coverage.run_coverage(odd)
+
+
 def test_script_argument_types_name_what_is_allowed():
     import argparse
 

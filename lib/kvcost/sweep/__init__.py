@@ -3,11 +3,14 @@
     python -m kvcost.sweep list
     python -m kvcost.sweep run sizing_contexts [--jobs N] [--scheduler tcp://host:8786|local]
     python -m kvcost.sweep status sizing_contexts
+    python -m kvcost.sweep run gemma_passkey --skip-committed
 
 ``spec`` reads and checks a sweep file, ``store`` keeps each run's folder and the combined
-tables, ``execute`` schedules the runs, ``cli`` is the command line (README: Sweeps).
+tables, ``coverage`` reads a publishing sweep's grid against its committed file, ``execute``
+schedules the runs, ``cli`` is the command line (README: Sweeps).
 """
 from kvcost.sweep.cli import main
+from kvcost.sweep.coverage import run_coverage
 from kvcost.sweep.execute import Outcome, pending, run_sweep
 from kvcost.sweep.spec import Run, Sweep, available, expand, load
 from kvcost.sweep.store import MISSING_COLUMN, combine, record, run_dir, state
@@ -24,6 +27,7 @@ __all__ = [
            "main",
            "pending",
            "record",
+           "run_coverage",
            "run_dir",
            "run_sweep",
            "state",

@@ -19,6 +19,7 @@ from typing import NoReturn
 from kvcost.params import shorten
 from kvcost.paths import repo_root
 from kvcost.runner import LOG_FILE, check_out
+from kvcost.sweep.coverage import run_coverage
 from kvcost.sweep.execute import Outcome, run_sweep
 from kvcost.sweep.spec import Sweep, available, describe, load
 from kvcost.sweep.store import is_sweep_folder, publish, record, run_dir, seconds_per_run, state
@@ -76,8 +77,9 @@ def _list() -> int:
 
 def _status(sweep: Sweep, out: Path) -> int:
     counts = {"finished": 0, "failed": 0, "not run": 0}
+    cover = run_coverage(sweep) if sweep.publish is not None else {}
     print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.target} "
-          f"in {_shown(out)}/")
+          f"in {_shown(out)}/" + (f"; 'committed': its rows already in {_shown(sweep.publish)}" if cover else ""))
     for run in sweep.runs:
         st = state(out, run.key)
         counts[st] += 1
@@ -85,8 +87,14 @@ def _status(sweep: Sweep, out: Path) -> int:
         cost = (f"{duration(rec.get('seconds', 0))}, {rec.get('peak_memory_mib', 0):.0f} MiB"
                 if st != "not run" else "")
         note = f"  {rec.get('error', '')}" if st == "failed" else ""
-        print(f"  run {run.index:<3d} {st:9s} {cost:18s} {describe(run.params, sweep.grid_names)}{note}")
+        have = f"committed {cover[run.key][0]}/{cover[run.key][1]}  " if cover else ""
+        print(f"  run {run.index:<3d} {st:9s} {cost:18s} {have}{describe(run.params, sweep.grid_names)}{note}")
     print(f"{counts['finished']} finished, {counts['failed']} failed, {counts['not run']} not run")
+    if cover:
+        whole = sum(h == n for h, n in cover.values())
+        rows = sum(h for h, _ in cover.values()), sum(n for _, n in cover.values())
+        print(f"committed: {rows[0]} of the grid's {rows[1]} rows; {whole} of {len(sweep.runs)} runs have every row "
+              f"(sweep run --skip-committed leaves those out)")
     return 0 if counts["finished"] == len(sweep.runs) else 1
 
 
@@ -111,6 +119,9 @@ def _report(sweep: Sweep, out: Path, outcome: Outcome, resume: str) -> int:
     for run, error in outcome.failed:
         print(f"run {run.index} ({describe(run.params, sweep.grid_names)}) failed: {error}\n"
               f"  log: {_shown(run_dir(out, run.key))}/{LOG_FILE}", file=sys.stderr)
+    if outcome.committed_skipped:
+        print(f"{outcome.committed_skipped} run(s) left out: every row they write is committed already "
+              f"(--skip-committed)", file=sys.stderr)
     if outcome.failed_skipped:
         print(f"{len(outcome.failed_skipped)} run(s) failed earlier and were not retried "
               f"({', '.join(str(r.index) for r in outcome.failed_skipped)}); --retry-failed retries them",
@@ -140,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_p.add_argument("--scheduler", metavar="ADDRESS|local",
                        help="a Dask scheduler (tcp://host:8786), or 'local' for a LocalCluster")
     run_p.add_argument("--retry-failed", action="store_true", help="run again the runs that failed before")
+    run_p.add_argument("--skip-committed", action="store_true",
+                       help="leave out the runs whose every row is in the sweep's committed file (its 'publish')")
     run_p.add_argument("--kernel", default="python3", help="Jupyter kernel (default python3)")
     run_p.add_argument("--no-progress", action="store_true", help="no progress bar")
     run_p.add_argument("--script", action="append", default=[], metavar="PATH",
@@ -170,11 +183,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--scheduler must be 'local' or a Dask scheduler address such as tcp://host:8786 or "
                              f"tls://host:8786, got {shorten(args.scheduler)}")
         jobs = args.jobs or ((os.cpu_count() or 1) if args.scheduler == "local" else 1)
+        if args.skip_committed and sweep.publish is None:
+            raise ValueError(f"--skip-committed needs a sweep that publishes into a committed file; "
+                             f"{sweep.name!r} has no 'publish'")
+        skip = ({k for k, (have, rows) in run_coverage(sweep).items() if have == rows} if args.skip_committed
+                else set())
         before = sum(state(out, run.key) == "finished" for run in sweep.runs)
         resuming = f"; {before} finished earlier, skipped (resuming)" if before else ""
         print(f"{sweep.name}: {len(sweep.runs)} runs of {sweep.target} -> {_shown(out)}/{resuming}", flush=True)
         outcome = run_sweep(sweep, out, jobs=jobs, scheduler=args.scheduler, retry_failed=args.retry_failed,
-                            kernel=args.kernel, progress=not args.no_progress)
+                            kernel=args.kernel, progress=not args.no_progress, skip=skip)
         return _report(sweep, out, outcome, f"{_python()} -m kvcost.sweep " + shlex.join(argv))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

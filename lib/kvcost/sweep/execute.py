@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +36,7 @@ class Outcome:
     finished_now: int = 0
     failed: list[tuple[Run, str]] = field(default_factory=list)      # failed this time
     failed_skipped: list[Run] = field(default_factory=list)          # failed earlier, not retried
+    committed_skipped: int = 0                                        # left out: their rows are committed
     interrupted: bool = False
     seconds: float = 0.0
     tables: dict[str, Path] = field(default_factory=dict)
@@ -46,13 +47,17 @@ class Outcome:
 
     @property
     def complete(self) -> bool:
-        return self.finished == self.total
+        return self.finished + self.committed_skipped == self.total
 
 
-def pending(sweep: Sweep, out: Path, retry_failed: bool = False) -> tuple[list[Run], list[Run], int]:
-    """(runs to do, failed runs left alone, runs already finished)."""
+def pending(sweep: Sweep, out: Path, retry_failed: bool = False,
+            skip: Collection[str] = ()) -> tuple[list[Run], list[Run], int]:
+    """(runs to do, failed runs left alone, runs already finished); runs whose key is in ``skip`` are in
+    none of them."""
     todo, skipped, done = [], [], 0
     for run in sweep.runs:
+        if run.key in skip:
+            continue
         st = state(out, run.key)
         if st == "finished":
             done += 1
@@ -120,14 +125,16 @@ def _dask(todo: list[Run], tasks: dict[str, dict], jobs: int, address: str, swee
 
 def run_sweep(sweep: Sweep, out: Path | None = None, *, jobs: int = 1, scheduler: str | None = None,
               retry_failed: bool = False, kernel: str = "python3", progress: bool = True,
-              on_result: Callable[[Run, dict[str, Any]], None] | None = None) -> Outcome:
+              on_result: Callable[[Run, dict[str, Any]], None] | None = None,
+              skip: Collection[str] = ()) -> Outcome:
     """Run every run of ``sweep`` not yet finished in ``out`` (default ``results/sweeps/<name>``).
 
     ``scheduler``: None (this machine, ``jobs`` at a time), ``"local"`` (a Dask LocalCluster of
     ``jobs`` workers) or a Dask scheduler address (``tcp://host:8786``). Failed runs are
     recorded and retried only with ``retry_failed``. Ctrl-C stops the runs in flight; the
     combined tables are rebuilt from whatever finished in every case. ``on_result(run, result)``
-    is called after each run is saved.
+    is called after each run is saved. Runs whose key is in ``skip`` are left out (``--skip-committed``:
+    :func:`kvcost.sweep.coverage.run_coverage`) and counted in ``Outcome.committed_skipped``.
 
     ``out`` is held by this call alone (ValueError at once if another sweep holds it: two at once
     would run every run twice); what a killed sweep left half-written there is removed first.
@@ -138,13 +145,14 @@ def run_sweep(sweep: Sweep, out: Path | None = None, *, jobs: int = 1, scheduler
     with folder_lock(out, "sweep"):
         clean_partial(out)
         mark(sweep, out)
-        return _run_locked(sweep, out, jobs, scheduler, retry_failed, kernel, progress, on_result)
+        return _run_locked(sweep, out, jobs, scheduler, retry_failed, kernel, progress, on_result, set(skip))
 
 
 def _run_locked(sweep: Sweep, out: Path, jobs: int, scheduler: str | None, retry_failed: bool, kernel: str,
-                progress: bool, on_result: Callable[[Run, dict[str, Any]], None] | None) -> Outcome:
-    todo, skipped, done = pending(sweep, out, retry_failed)
-    outcome = Outcome(len(sweep.runs), done, failed_skipped=skipped)
+                progress: bool, on_result: Callable[[Run, dict[str, Any]], None] | None, skip: set[str]) -> Outcome:
+    todo, skipped, done = pending(sweep, out, retry_failed, skip)
+    outcome = Outcome(len(sweep.runs), done, failed_skipped=skipped,
+                      committed_skipped=sum(run.key in skip for run in sweep.runs))
     source = sweep.nb.read_text()
     script = {"table": sweep.table} if sweep.kind == "script" else {}
     tasks = {run.key: {"stem": sweep.stem, "source": source, "params": run.params, "kernel": kernel,
