@@ -137,11 +137,13 @@ def test_committed_multikey_1_grids_say_which_losses_a_count_can_see():
     g = grids["gemma3-270m"]
     assert set(g["context"]) >= {4096, 8192} and (g.loc[g["context"] == 4096, "exact_successes"] == 10).all()
     assert set(g["context"]) == {4096, 8192, 16384, 32768}
-    short = g[g["context"] < 32768]
-    assert (short["detectable"] <= 9).all()                                 # a loss of 9 trials would show
-    assert g.loc[g["context"] == 32768, "detectable"].isna().all()          # exact's 8: none is sure to show
-    full = g[~g["variant"].str.contains("frac_bits") & (g["variant"] != "store:q4_0")]
-    assert not full["loses_needle"].any()                                   # FP8 at full register width, storage
+    assert (g.loc[g["context"] <= 8192, "detectable"] == 10).all()          # a loss of 10 trials would show
+    assert g.loc[g["context"] >= 16384, "detectable"].isna().all()          # exact's 9 and 8: none is sure to
+    lost_4k = ["store:int4_token", "store:fp4_mx_block16", "store:turboquant_k3v4_nc", "store:turboquant_3bit_nc"]
+    four = g[(g["context"] == 4096) & g["variant"].isin(lost_4k)]
+    assert len(four) == 4 and four["loses_needle"].all() and list(four["lost"]) == [10, 9, 10, 10]
+    full = g[~g["variant"].str.contains("frac_bits") & ~g["variant"].isin(["store:q4_0", *lost_4k])]
+    assert len(full) >= 30 and not full["loses_needle"].any()               # FP8 at full register width, storage
     q4 = g[g["variant"] == "store:q4_0"].set_index("context")
     assert list(q4["loses_needle"]) == [False, True, False] and q4.loc[8192, "lost"] == 10   # q4_0 loses it at 8k
     two_bit = g[g["variant"] == "fa3:frac_bits=2"].set_index("context")
@@ -156,7 +158,9 @@ def test_committed_multikey_1_grids_say_which_losses_a_count_can_see():
     stored = claims.retrieval_reading(grids, "stored", "niah_multikey_1")
     assert kernel.agrees is True and kernel.claim.endswith("on RULER niah_multikey_1")
     assert stored.agrees is False and "loss detected for store:q4_0" in stored.computed
-    gemma = "Gemma 3 270M at 4,096, 8,192, 16,384 tokens: loss detected for store:q4_0 at 8,192 (of 12)"
+    gemma = ("Gemma 3 270M at 4,096, 8,192, 16,384 tokens: loss detected for store:q4_0 at 8,192, store:int4_token "
+             "at 4,096, store:fp4_mx_block16 at 4,096, store:turboquant_k3v4_nc at 4,096, store:turboquant_3bit_nc at "
+             "4,096 (of ")
     assert gemma in stored.computed
 
 def test_committed_runs_side_by_side():
