@@ -36,7 +36,7 @@ from typing import Any
 from kvcost.paths import data_dir, repo_root
 
 __all__ = ["sha256", "versions", "git_commit", "code_version", "finished_keys", "appending", "checked", "recorded",
-           "record", "write_run", "is_committed", "CODE_COLUMN", "DIGESTS_FILE"]
+           "record", "add_command", "write_run", "is_committed", "CODE_COLUMN", "DIGESTS_FILE"]
 
 #: The column in which a results table names the code that wrote each row (:func:`code_version`).
 CODE_COLUMN = "code"
@@ -156,6 +156,25 @@ def record(path: str | Path, meta: str | Path | None = None) -> Path:
         raise ValueError(f"{_rel(target)}: not a JSON object, cannot record a sha256 in it")
     digests = data.setdefault("sha256", {})
     digests[path.name] = sha256(path)
+    _write_json(target, data, ensure_ascii=text.isascii())
+    return target
+
+
+def add_command(path: str | Path, entry: str) -> Path:
+    """Append ``entry`` (a command and what it added) to the ``commands`` of the JSON that records ``path``
+    (:func:`recorded`, else ``<stem>.json`` beside it), a single ``command`` becoming the first of them; returns
+    that JSON file. Record the file's new sha256 (:func:`record`) after it changes."""
+    path = Path(path)
+    rec = recorded(path)
+    target = rec[1] if rec is not None else path.with_suffix(".json")
+    text = target.read_text(encoding="utf-8") if target.is_file() else "{}"
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{_rel(target)}: not a JSON object, cannot add a command to it")
+    commands = data.pop("commands", None)
+    if commands is None:
+        commands = [data.pop("command")] if isinstance(data.get("command"), str) else []
+    data["commands"] = [*([commands] if isinstance(commands, str) else commands), entry]
     _write_json(target, data, ensure_ascii=text.isascii())
     return target
 

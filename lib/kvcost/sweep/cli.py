@@ -1,5 +1,5 @@
 """``python -m kvcost.sweep list | run NAME_OR_PATH | status NAME_OR_PATH | publish NAME_OR_PATH``
-(``make sweep``).
+(``make sweep``), and ``append TABLE RUN_CSV...`` (a direct script run's rows, :mod:`kvcost.sweep.append`).
 
 ``list``, ``status`` and ``publish`` never import a sweep's script; ``run`` does (its ``parse_args``
 checks every run's flags first), and only for a script in the repository's ``scripts/`` or one named
@@ -19,6 +19,7 @@ from typing import NoReturn
 from kvcost.params import shorten
 from kvcost.paths import repo_root
 from kvcost.runner import LOG_FILE, check_out
+from kvcost.sweep.append import append_rows
 from kvcost.sweep.coverage import run_coverage
 from kvcost.sweep.execute import Outcome, run_sweep
 from kvcost.sweep.spec import Sweep, available, describe, load
@@ -133,6 +134,19 @@ def _report(sweep: Sweep, out: Path, outcome: Outcome, resume: str) -> int:
     return 0 if outcome.complete else 1
 
 
+def _append(args: argparse.Namespace) -> int:
+    key = tuple(k.strip() for k in args.key.split(",") if k.strip())
+    if not key:
+        raise ValueError(f"--key must name at least one column, got {args.key!r}")
+    done = append_rows(args.table, args.runs, key=key, trials=args.trials, note=args.note, dry_run=args.dry_run)
+    cells = ", ".join("/".join(c) for c in done.cells[:6]) + (" …" if len(done.cells) > 6 else "")
+    verb = "would add" if args.dry_run else "added"
+    print(f"{_shown(done.table)}: {verb} {done.added} row(s) in {len(done.cells)} cell(s)"
+          + (f" ({cells})" if cells else "") + (f"; {done.agreement}" if done.agreement else ""))
+    print(f"commands entry: {done.entry}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _Parser(prog="python -m kvcost.sweep",
@@ -143,6 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     status_p = sub.add_parser("status", help="each run of a sweep: finished, failed or not run")
     publish_p = sub.add_parser("publish", help="a script sweep's finished rows into its committed file "
                                                "(the YAML's 'publish'); rows already there are kept")
+    append_p = sub.add_parser("append", help="a direct script run's new rows (its --out CSV files) into a committed "
+                                             "table, checked like publish; re-run rows are compared, not appended")
+    append_p.add_argument("table", help="the committed table, e.g. data/real_model/gemma3_270m/niah_multikey_1.csv")
+    append_p.add_argument("runs", nargs="+", metavar="RUN_CSV", help="the runs' --out files (a .json beside each)")
+    append_p.add_argument("--key", default="context,trial,variant",
+                          help="the columns that identify a row, comma-separated (default context,trial,variant)")
+    append_p.add_argument("--trials", type=int, help="each new cell must hold exactly trials 0..N-1")
+    append_p.add_argument("--note", default="", help="what the command line cannot say (worktree, what ran beside)")
+    append_p.add_argument("--dry-run", action="store_true", help="check and report; change nothing")
     for p in (run_p, status_p, publish_p):
         p.add_argument("sweep", metavar="NAME_OR_PATH", help="a name in sweeps/ or a path to a YAML file")
         p.add_argument("--out", help="the sweep's folder (default results/sweeps/<name>)")
@@ -164,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "list":
             return _list()
+        if args.command == "append":
+            return _append(args)
         sweep = load(args.sweep, scripts=args.script if args.command == "run" else (),
                      check_scripts=args.command == "run")
         if args.command == "run":
