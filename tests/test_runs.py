@@ -42,7 +42,7 @@ def test_the_jobs_are_all_there():
     assert set(_jobs()) == {
         "extract_real_kv", "llamacpp_reference", "long_range_needle", "long_range_retrieval", "plan_needle",
         "real_model_extract", "real_model_passkey", "real_model_ppl", "real_model_text", "tensorcore_validation",
-        "which_gpu_grid", "gen_docs", "plan_readme_table"}
+        "which_gpu_grid", "gen_docs", "plan_readme_table", "retrieval_readme_table"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

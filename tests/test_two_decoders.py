@@ -404,3 +404,39 @@ def test_law_transfer_reading_tests_the_passkey_law_on_another_task():
     assert b.agrees is None and "3 where exact attention retrieves too few to show a loss" in b.computed
     # a decoder with no passkey collapse has no law to transfer
     assert claims.law_transfer_reading({"gemma3-270m": {"contexts": 0}}, {"gemma3-270m": grid(2, 12)}, "t") is None
+
+
+def test_verdict_grid_shows_each_cell_its_verdict_and_what_the_family_could_see():
+    rows = _grid({"exact": [1] * 20, "store:q4_0": [0] * 20, "fa3:frac_bits=2": [1] * 19 + [0], "fa3": [1] * 20,
+                  "fa3:frac_bits=7": [1] * 20})
+    rows.loc[rows["variant"] == "store:q4_0", "margin"] = -1.0
+    a = two.against_exact(rows)
+    g = two.verdict_grid(a)
+    # exact first, the kernel, its registers wide to narrow, the stored formats; the family's reach last
+    assert list(g.index) == ["exact", "fa3", "fa3:frac_bits=7", "fa3:frac_bits=2", "store:q4_0",
+                             "a loss sure to be detected"]
+    assert list(g.columns) == ["4,096"]
+    assert list(g["4,096"]) == ["20/20", "20/20 −0 +0", "20/20 −0 +0", "19/20 −1 +0", "0/20 −20 +0 loss detected",
+                                "6 trials"]
+    m = two.verdict_grid(a, "margin")
+    assert m.loc["store:q4_0", "4,096"] == "-2.00 [-2.00, -2.00]" and m.loc["fa3", "4,096"].startswith("+0.00")
+    assert "exact" not in m.index
+    with pytest.raises(ValueError, match="parameter 'value' must be 'count' or 'margin'"):
+        two.verdict_grid(a, "p")
+    assert two.verdict_grid(a.iloc[:0]).empty
+
+
+def test_the_gemma_readme_shows_the_committed_verdicts(tmp_path, monkeypatch, capsys):
+    from kvcost.runs import retrieval_readme_table as job
+
+    assert job.main(["--check"]) == 0                       # the README's tables are the committed rows'
+    block = job.README.read_text(encoding="utf-8").split(job.START)[1].split(job.END)[0]
+    assert "**RULER niah_multikey_1** (`niah_multikey_1.csv`;" in block
+    assert "| `store:q4_0` | 6/20 −7 +3 | **3/20 −10 +1 loss detected** |" in block
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{job.START}\n| stale |\n{job.END}\nend\n", encoding="utf-8")
+    monkeypatch.setattr(job, "README", readme)
+    assert job.main(["--check"]) == 1
+    said = capsys.readouterr().out
+    assert "is out of date" in said and "run .venv/bin/python scripts/retrieval_readme_table.py" in said
+    assert job.main([]) == 0 and job.main(["--check"]) == 0 and readme.read_text().endswith(f"{job.END}\nend\n")

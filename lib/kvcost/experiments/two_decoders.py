@@ -38,7 +38,8 @@ from kvcost.provenance import checked
 
 __all__ = ["DECODERS", "results_path", "windows_name", "load_results", "load_provenance", "run_command", "UNIT_GRID",
            "passkey_rows", "storage_name", "engine_rows", "storage_side_by_side", "rank_agreement", "against_exact",
-           "margin_against", "KERNEL_FIXES", "kernel_margins", "storage_growth", "PROPAGATION", "propagation_rows",
+           "margin_against", "variant_order", "verdict_grid",
+           "KERNEL_FIXES", "kernel_margins", "storage_growth", "PROPAGATION", "propagation_rows",
            "structure", "load_extract", "axis_by_decoder"]
 
 #: The decoders compared, in the order they are shown (kvcost.models.decoders.DECODERS names).
@@ -243,6 +244,50 @@ def against_exact(rows: pd.DataFrame, context: int | None = None, alpha: float =
                                                               "been detected)" if pd.notna(r.detectable) else blind))
                     for r in t.itertuples()]
     return t
+
+
+def variant_order(variant: str) -> tuple:
+    """A sort key that shows a retrieval grid's variants as the notebooks do: exact, the FP8 kernel without a
+    fix, its fixes (PR #104, PR #122, Blackwell's unit), the P·V register from wide to narrow, the stored
+    formats by name, anything else last."""
+    fixed = ["exact", "fa3", *KERNEL_FIXES]
+    if variant in fixed:
+        return (0, fixed.index(variant))
+    if (m := re.fullmatch(r"fa3:frac_bits=(\d+)", variant)):
+        return (1, -int(m.group(1)))
+    return (2, variant) if variant.startswith("store:") else (3, variant)
+
+
+def verdict_grid(against: pd.DataFrame, value: str = "count") -> pd.DataFrame:
+    """One decoder's :func:`against_exact` as a variants × contexts grid of text, exact's row first: with
+    ``value="count"`` each cell ``successes/trials −lost +gained`` (exact's own count in its row), marked
+    ``loss detected`` where the family rejects it, and a last row with the loss the family is sure to detect at
+    each context (``none`` where exact retrieves too few); with ``value="margin"`` the answer's mean margin shift
+    against exact with its 95% interval. A cell not run is empty."""
+    if value not in ("count", "margin"):
+        raise ValueError(f"parameter 'value' must be 'count' or 'margin', got {value!r}")
+    if against.empty:
+        return pd.DataFrame()
+    contexts = sorted(int(c) for c in against["context"].unique())
+    rows: dict[str, dict[int, str]] = {}
+    if value == "count":
+        exact = against.groupby("context")[["exact_successes", "trials"]].max()
+        rows["exact"] = {c: f"{exact.loc[c, 'exact_successes']}/{exact.loc[c, 'trials']}" for c in contexts}
+    for r in against.itertuples():
+        if value == "count":
+            cell = f"{r.successes}/{r.trials} −{r.lost} +{r.gained}" + (" loss detected" if r.loses_needle else "")
+        else:
+            cell = ("" if pd.isna(r.margin_shift) else
+                    f"{r.margin_shift:+.2f} [{r.margin_lo:+.2f}, {r.margin_hi:+.2f}]")
+        rows.setdefault(r.variant, {})[int(r.context)] = cell
+    order = sorted(rows, key=variant_order)
+    grid = pd.DataFrame([[rows[v].get(c, "") for c in contexts] for v in order], index=pd.Index(order, name="variant"),
+                        columns=[f"{c:,}" for c in contexts])
+    if value == "count":
+        sure = against.groupby("context")["detectable"].first()
+        grid.loc["a loss sure to be detected"] = [("none" if pd.isna(sure.loc[c]) else f"{int(sure.loc[c])} trials")
+                                                  for c in contexts]
+    return grid
 
 
 #: The variants that change only the FP8 kernel's accumulation, each against the kernel without a fix (``fa3``):

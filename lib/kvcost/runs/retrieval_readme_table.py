@@ -1,0 +1,82 @@
+"""Write Gemma 3 270M's retrieval verdicts into its data README from the committed grids.
+
+    .venv/bin/python scripts/retrieval_readme_table.py            # rewrite the tables
+    .venv/bin/python scripts/retrieval_readme_table.py --check    # exit 1 if they are stale
+    python -m kvcost.runs.retrieval_readme_table --check          # the same tool
+
+For each RULER task the decoder has a grid of (``passkey.csv`` for niah_single_1, ``niah_multikey_1.csv``), the
+verdict of every (context, variant) cell against exact attention on the same trials
+(:func:`kvcost.experiments.two_decoders.against_exact` at 20 trials, Holm–Tarone over the task's grid) and the
+answer's margin shift, as :func:`~kvcost.experiments.two_decoders.verdict_grid` writes them. They replace the
+lines between ``<!-- retrieval-tables:start -->`` and ``<!-- retrieval-tables:end -->`` of
+``data/real_model/gemma3_270m/README.md``, so the README's counts cannot lag the rows: each landing of rows is
+followed by this script (``make test`` runs ``--check``).
+"""
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+
+from kvcost.experiments import two_decoders as two
+from kvcost.paths import repo_root
+from kvcost.retrieval.ruler import results_name
+from kvcost.runs import tables
+
+MODEL = "gemma3-270m"
+README = repo_root() / "data" / "real_model" / "gemma3_270m" / "README.md"
+START, END = "<!-- retrieval-tables:start -->", "<!-- retrieval-tables:end -->"
+#: The tasks shown, each with its committed file's name.
+TASKS = (("niah_single_1", "passkey.csv"), ("niah_multikey_1", results_name("niah_multikey_1")))
+MIN_TRIALS = 20
+
+
+def markdown(grid: pd.DataFrame) -> str:
+    """``grid`` (:func:`~kvcost.experiments.two_decoders.verdict_grid`) as a Markdown table, its variants in code."""
+    head = "| variant | " + " | ".join(grid.columns) + " |"
+    rule = "| --- | " + " | ".join("---:" for _ in grid.columns) + " |"
+    body = [f"| {v if ' ' in v else f'`{v}`'} | " + " | ".join(
+        f"**{c}**" if c.endswith("loss detected") else c for c in row) + " |" for v, row in grid.iterrows()]
+    return "\n".join([head, rule, *body])
+
+
+def tables_text() -> str:
+    """The block between the markers, computed from the committed grids."""
+    parts = []
+    for task, name in TASKS:
+        rows = two.load_results(MODEL, name, required=False)
+        against = two.against_exact(rows, min_trials=MIN_TRIALS) if not rows.empty else rows
+        if against.empty:
+            continue
+        cells = len(against)
+        parts += [f"**RULER {task}** (`{name}`; {cells} cells of at least {MIN_TRIALS} trials, one Holm–Tarone "
+                  "family): successes of 20, then the trials lost and gained against exact attention on the same "
+                  "prompts; **bold** where the family detects a loss.", "",
+                  markdown(two.verdict_grid(against)), "",
+                  f"The answer's logit margin (its token's logit over the best other's), mean paired shift against "
+                  f"exact with its 95% bootstrap interval, {task}:", "",
+                  markdown(two.verdict_grid(against, "margin")), ""]
+    return "\n".join(parts).rstrip("\n")
+
+
+def render(text: str) -> str:
+    """``text`` (the README) with the block between the markers replaced by :func:`tables_text`."""
+    if START not in text or END not in text:
+        raise SystemExit(f"error: {README.name} lacks the markers {START} and {END}")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{tables_text()}\n{END}{tail}"
+
+
+def parse_args(argv: list[str] | None = None):
+    """The checked command line."""
+    return tables.check_args(__doc__.splitlines()[0], "exit 1 when the README's tables are not the grids'", argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return tables.write_or_check(README, render, check=parse_args(argv).check,
+                                 command=".venv/bin/python scripts/retrieval_readme_table.py")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
