@@ -758,3 +758,40 @@ def test_nvfp4_round_trip_in_pieces_is_the_one_piece_round_trip_bit_for_bit_in_b
         tracemalloc.stop()
     assert peaks[1 << 15] > 4 * big.nbytes                      # one piece: temporaries of the whole
     assert peaks[1 << 11] < 3 * big.nbytes                      # in pieces: the result and one piece's
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2", "bf16", "fp16"])
+def test_the_fast_cast_is_the_correct_rounding_bit_for_bit(name) -> None:
+    """quant's float32 path casts (numpy / ml_dtypes, after clipping to the largest finite value); it must be
+    kvcost.floats.round_to's single correct rounding with saturation on every float32 exponent and sign, at the
+    exact ties (low bits zero), just above and just below them, and on inf and NaN."""
+    from kvcost import floats
+
+    high = np.arange(1 << 16, dtype=np.uint32) << 16                       # every sign, exponent, top 7 bits
+    bits = np.concatenate([high, high | 1, high | 0xFFFF, high | 0x8000])
+    x = bits.view(np.float32)
+    with np.errstate(invalid="ignore"):                                     # signalling NaNs among the patterns
+        fast = quant.fp8_roundtrip(x, name[4:], scale=1.0) if name.startswith("fp8") else quant.roundtrip(x, name)
+        want = floats.round_to(x.astype(np.float64), name, saturate=True).astype(np.float32)
+    assert fast.dtype == np.float32
+    np.testing.assert_array_equal(np.isnan(fast), np.isnan(x))
+    ok = ~np.isnan(x)
+    np.testing.assert_array_equal(fast[ok].view(np.uint32), want[ok].view(np.uint32))   # -0.0 kept too
+    top = floats.parse_format(name).max
+    assert (np.abs(fast[np.isinf(x)]) == top).all()                        # saturating, as SATFINITE does
+
+
+def test_fp8_storage_is_the_quotient_rounded_once() -> None:
+    # scaled: fp8(x / s) * s, the quotient taken in float32; a tie at 1 + 2^-4 goes to even (1.0), just above up
+    x = np.array([1.0625, 1.0625 + 2 ** -20, 500.0, -1e9, np.nan], dtype=np.float32) * 2
+    q = quant.fp8_roundtrip(x, "e4m3", scale=2.0)
+    np.testing.assert_array_equal(q[:4], np.array([1.0, 1.125, 448.0, -448.0], dtype=np.float32) * 2)
+    assert np.isnan(q[4])
+
+
+def test_make_bench_times_fp8_storage_against_its_definition() -> None:
+    from kvcost import bench
+
+    assert bench.bench_fp8_storage in bench.BENCHMARKS
+    (row,) = bench.bench_fp8_storage(tokens=512, head_dim=64)
+    assert row.note.endswith("results identical") and row.bar == 3.0 and row.value > 0

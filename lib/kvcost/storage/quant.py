@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-import ml_dtypes
 import numpy as np
 
 from kvcost import floats
@@ -317,7 +316,7 @@ def fp8_roundtrip(x: np.ndarray, fmt: str = "e4m3", scaling: str = "tensor", *,
         s = np.asarray(scale, dtype=x.dtype)
         if not (np.isfinite(s).all() and (s > 0).all()):
             raise ValueError(f"parameter 'scale' must be finite and > 0, got {scale!r}")
-    q = floats.round_to(x / s, name, saturate=True)     # one rounding, from the quotient's precision
+    q = _round_float(x / s, name)          # one rounding, from the quotient's precision
     return (np.asarray(q).astype(x.dtype) * s).astype(x.dtype, copy=False)
 
 
@@ -327,18 +326,22 @@ def fp8_roundtrip(x: np.ndarray, fmt: str = "e4m3", scaling: str = "tensor", *,
 
 #: ``role`` of a tensor in :func:`roundtrip`: formats that store K and V differently (KIVI) need it.
 ROLES = ("k", "v")
-_CASTS = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 
 
 def _round_float(x: np.ndarray, name: str) -> np.ndarray:
-    """``x`` rounded once to nearest even into a plain float, saturating at its largest finite value
-    (``x``'s floating dtype out): a cast where ``x`` holds float32 values (one rounding, after clipping
-    to the largest finite value), else :func:`kvcost.floats.round_to` from float64."""
+    """``x`` rounded once to nearest even into float format ``name`` (fp32, fp16, bf16, fp8_e4m3, fp8_e5m2),
+    saturating at its largest finite value (±inf too; NaN stays NaN), ``x``'s floating dtype out: a cast
+    (numpy's, ml_dtypes') where ``x`` holds float32 values — one rounding from float32, after clipping to the
+    largest finite value, which saturates exactly as SATFINITE does (tests/test_storage.py holds it bit for bit
+    to :func:`kvcost.floats.round_to` over every float32 exponent) — else ``round_to`` from float64, which never
+    rounds twice."""
     x = _as_float(x)
-    if x.dtype == np.float32 or np.array_equal(x.astype(np.float32), x):
-        top = floats.parse_format(name).max
-        x32 = np.clip(x.astype(np.float32), -top, top)
-        return x32.astype(_CASTS[name]).astype(x.dtype)
+    f = floats.parse_format(name)
+    with np.errstate(invalid="ignore"):                 # NaN stays NaN through the casts, silently
+        as32 = x.dtype == np.float32 or np.array_equal(x.astype(np.float32), x, equal_nan=True)
+        if as32 and f.dtype is not None:
+            x32 = np.clip(x.astype(np.float32, copy=False), -f.max, f.max)
+            return x32.astype(f.dtype).astype(x.dtype)
     return np.asarray(floats.round_to(x, name, saturate=True), dtype=x.dtype)
 
 
