@@ -433,6 +433,7 @@ def test_the_gemma_readme_shows_the_committed_verdicts(tmp_path, monkeypatch, ca
     block = job.README.read_text(encoding="utf-8").split(job.START)[1].split(job.END)[0]
     assert "**RULER niah_multikey_1** (`niah_multikey_1.csv`;" in block
     assert "| `store:q4_0` | 6/20 −7 +3 | **3/20 −10 +1 loss detected** |" in block
+    assert "| exact attention (the prompt's prefill) | 25 s [11–54] | 74 s [40–110] |" in block   # passkey's cost
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{job.START}\n| stale |\n{job.END}\nend\n", encoding="utf-8")
     monkeypatch.setattr(job, "README", readme)
@@ -440,3 +441,18 @@ def test_the_gemma_readme_shows_the_committed_verdicts(tmp_path, monkeypatch, ca
     said = capsys.readouterr().out
     assert "is out of date" in said and "run .venv/bin/python scripts/retrieval_readme_table.py" in said
     assert job.main([]) == 0 and job.main(["--check"]) == 0 and readme.read_text().endswith(f"{job.END}\nend\n")
+
+
+def test_trial_cost_groups_the_seconds_by_what_a_variant_recomputes():
+    rows = pd.DataFrame({"context": [4096] * 6 + [8192] * 2,
+                         "variant": ["exact", "fa3", "fa3:frac_bits=2", "store:q4_0", "store:q8_0", "exact",
+                                     "exact", "store:nvfp4"],
+                         "seconds": [30.0, 4.0, 6.0, 40.0, 50.0, 20.0, 3600.0, 3600.0]})
+    grid = two.trial_cost(rows)
+    assert list(grid.columns) == ["4,096", "8,192"]
+    assert list(grid.index) == [*two.COST_KINDS, "all committed cells, CPU time"]
+    assert grid.loc[two.COST_KINDS[0]].tolist() == ["25 s [20–30]", "3600 s [3600–3600]"]
+    assert grid.loc[two.COST_KINDS[1]].tolist() == ["5 s [4–6]", ""]           # a kernel variant: the tail only
+    assert grid.loc[two.COST_KINDS[2]].tolist() == ["45 s [40–50]", "3600 s [3600–3600]"]
+    assert grid.iloc[-1].tolist() == ["0.0 h", "2.0 h"]
+    assert two.trial_cost(rows.drop(columns="seconds")).empty

@@ -37,10 +37,10 @@ from kvcost.numerics import axis
 from kvcost.provenance import checked
 
 __all__ = ["DECODERS", "results_path", "windows_name", "load_results", "load_provenance", "run_command", "UNIT_GRID",
-           "passkey_rows", "storage_name", "engine_rows", "storage_side_by_side", "rank_agreement", "against_exact",
-           "margin_against", "variant_order", "verdict_grid",
-           "KERNEL_FIXES", "kernel_margins", "storage_growth", "PROPAGATION", "propagation_rows",
-           "structure", "load_extract", "axis_by_decoder"]
+           "COST_KINDS", "trial_cost", "passkey_rows", "storage_name", "engine_rows", "storage_side_by_side",
+           "rank_agreement", "against_exact", "margin_against", "variant_order", "verdict_grid", "KERNEL_FIXES",
+           "kernel_margins", "storage_growth", "PROPAGATION", "propagation_rows", "structure", "load_extract",
+           "axis_by_decoder"]
 
 #: The decoders compared, in the order they are shown (kvcost.models.decoders.DECODERS names).
 DECODERS = ("smollm2-135m", "gemma3-270m")
@@ -287,6 +287,33 @@ def verdict_grid(against: pd.DataFrame, value: str = "count") -> pd.DataFrame:
         sure = against.groupby("context")["detectable"].first()
         grid.loc["a loss sure to be detected"] = [("none" if pd.isna(sure.loc[c]) else f"{int(sure.loc[c])} trials")
                                                   for c in contexts]
+    return grid
+
+
+#: The kinds of variant whose trials cost alike, as :func:`trial_cost` groups them.
+COST_KINDS = ("exact attention (the prompt's prefill)", "each FP8 kernel or register (after exact's prefix)",
+              "each stored format (a prefill of its own)")
+
+
+def trial_cost(rows: pd.DataFrame) -> pd.DataFrame:
+    """What a retrieval grid's cells cost, from the ``seconds`` each run timed: per kind of variant
+    (:data:`COST_KINDS`: exact, whose prefill the kernel variants share; a kernel variant, which runs only the
+    tail after it; a stored format, whose cache changes every layer's input and so needs a prefill of its own) ×
+    context, ``median s [min–max]`` over the committed trials, and a last row with the CPU time of all the
+    context's committed cells. Seconds are as each run measured them, on the machine and beside whatever load it
+    had (the provenance JSON's commands name the machines): a guide for planning, not a benchmark."""
+    if rows.empty or "seconds" not in rows:
+        return pd.DataFrame()
+    kind = np.where(rows["variant"] == "exact", 0, np.where(rows["variant"].str.startswith("store:"), 2, 1))
+    rows = rows.assign(kind=kind)
+    contexts = sorted(int(c) for c in rows["context"].unique())
+    cols = [f"{c:,}" for c in contexts]
+    grid = pd.DataFrame("", index=pd.Index(COST_KINDS, name="variant"), columns=cols)
+    for (k, c), g in rows.groupby(["kind", "context"]):
+        sec = g["seconds"]
+        grid.loc[COST_KINDS[k], f"{int(c):,}"] = f"{sec.median():.0f} s [{sec.min():.0f}–{sec.max():.0f}]"
+    hours = rows.groupby("context")["seconds"].sum() / 3600
+    grid.loc["all committed cells, CPU time"] = [f"{hours.loc[c]:.1f} h" for c in contexts]
     return grid
 
 

@@ -7,7 +7,8 @@
 For each RULER task the decoder has a grid of (``passkey.csv`` for niah_single_1, ``niah_multikey_1.csv``), the
 verdict of every (context, variant) cell against exact attention on the same trials
 (:func:`kvcost.experiments.two_decoders.against_exact` at 20 trials, Holm–Tarone over the task's grid) and the
-answer's margin shift, as :func:`~kvcost.experiments.two_decoders.verdict_grid` writes them. They replace the
+answer's margin shift, as :func:`~kvcost.experiments.two_decoders.verdict_grid` writes them, and what a trial of
+each kind of variant cost (:func:`~kvcost.experiments.two_decoders.trial_cost`). They replace the
 lines between ``<!-- retrieval-tables:start -->`` and ``<!-- retrieval-tables:end -->`` of
 ``data/real_model/gemma3_270m/README.md``, so the README's counts cannot lag the rows: each landing of rows is
 followed by this script (``make test`` runs ``--check``).
@@ -55,7 +56,11 @@ def tables_text() -> str:
                   markdown(two.verdict_grid(against)), "",
                   f"The answer's logit margin (its token's logit over the best other's), mean paired shift against "
                   f"exact with its 95% bootstrap interval, {task}:", "",
-                  markdown(two.verdict_grid(against, "margin")), ""]
+                  markdown(two.verdict_grid(against, "margin")), "",
+                  f"What a trial cost, {task}: seconds per trial as each run timed it, median [min–max] over the "
+                  "committed trials (on whichever machine ran it, beside its load: the JSON's commands name "
+                  "them), and the CPU time of all the context's committed cells:", "",
+                  markdown(two.trial_cost(rows)), ""]
     return "\n".join(parts).rstrip("\n")
 
 
