@@ -456,3 +456,11 @@ def test_trial_cost_groups_the_seconds_by_what_a_variant_recomputes():
     assert grid.loc[two.COST_KINDS[2]].tolist() == ["45 s [40–50]", "3600 s [3600–3600]"]
     assert grid.iloc[-1].tolist() == ["0.0 h", "2.0 h"]
     assert two.trial_cost(rows.drop(columns="seconds")).empty
+
+
+def test_a_generated_block_needs_both_markers():
+    from kvcost.runs import tables
+
+    assert tables.replace_between("a\n<s>\nold\n<e>\nb", "<s>", "<e>", "new", "X.md") == "a\n<s>\nnew\n<e>\nb"
+    with pytest.raises(SystemExit, match="X.md lacks the markers <s> and <e>"):
+        tables.replace_between("a\n<s>\nold\nb", "<s>", "<e>", "new", "X.md")

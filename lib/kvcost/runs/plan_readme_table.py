@@ -23,11 +23,7 @@ START, END = "<!-- plan-table:start -->", "<!-- plan-table:end -->"
 
 def render(text: str) -> str:
     """``text`` (the README) with the table between the markers replaced by the planner's."""
-    if START not in text or END not in text:
-        raise SystemExit(f"error: README.md lacks the markers {START} and {END}")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{plan_exp.readme_table()}\n{END}{tail}"
+    return tables.replace_between(text, START, END, plan_exp.readme_table(), "README.md")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -66,11 +66,7 @@ def tables_text() -> str:
 
 def render(text: str) -> str:
     """``text`` (the README) with the block between the markers replaced by :func:`tables_text`."""
-    if START not in text or END not in text:
-        raise SystemExit(f"error: {README.name} lacks the markers {START} and {END}")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{tables_text()}\n{END}{tail}"
+    return tables.replace_between(text, START, END, tables_text(), README.name)
 
 
 def parse_args(argv: list[str] | None = None):

@@ -23,7 +23,7 @@ import pandas as pd
 from kvcost import provenance
 from kvcost.paths import repo_root
 
-__all__ = ["append_in_chunks", "write_table", "check_args", "write_or_check"]
+__all__ = ["append_in_chunks", "write_table", "check_args", "write_or_check", "replace_between"]
 
 
 def append_in_chunks(partial: Path, chunks: Iterable[Sequence[Hashable]],
@@ -103,3 +103,13 @@ def write_or_check(path: Path, render: Callable[[str], str], *, check: bool, com
         shown = path
     print(f"{shown} is out of date (not what its generator writes now); run {command}")
     return 1
+
+
+def replace_between(text: str, start: str, end: str, body: str, name: str) -> str:
+    """``text`` with the lines between the markers ``start`` and ``end`` replaced by ``body`` (the markers
+    kept); a document ``name`` that lacks either marker stops the job with a message naming both."""
+    if start not in text or end not in text:
+        raise SystemExit(f"error: {name} lacks the markers {start} and {end}")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}\n{end}{tail}"
