@@ -456,6 +456,13 @@ def test_trial_cost_groups_the_seconds_by_what_a_variant_recomputes():
     assert grid.loc[two.COST_KINDS[2]].tolist() == ["45 s [40–50]", "3600 s [3600–3600]"]
     assert grid.iloc[-1].tolist() == ["0.0 h", "2.0 h"]
     assert two.trial_cost(rows.drop(columns="seconds")).empty
+    todo = pd.DataFrame({"context": [4096, 4096, 4096, 16384], "variant": ["store:nvfp4", "store:mxfp4", "fa3", "exact"]})
+    left = two.trial_cost(rows, todo)
+    assert list(left.columns) == ["4,096", "8,192", "16,384"]          # a context with nothing run yet is shown
+    assert left.iloc[-1].tolist() == ["3 trials, 0.0 h", "none", "1 trials, ? h"]   # 2 x 45 s + 5 s; none timed
+    assert left.loc["all committed cells, CPU time", "16,384"] == ""
+    slow = rows.assign(seconds=rows["seconds"] * 100)                  # the medians may come from other rows
+    assert two.trial_cost(rows, todo, medians_from=slow).iloc[-1, 0] == "3 trials, 2.6 h"
 
 
 def test_a_generated_block_needs_both_markers():

@@ -295,25 +295,51 @@ COST_KINDS = ("exact attention (the prompt's prefill)", "each FP8 kernel or regi
               "each stored format (a prefill of its own)")
 
 
-def trial_cost(rows: pd.DataFrame) -> pd.DataFrame:
+def _cost_kind(variants: pd.Series) -> np.ndarray:
+    """Each variant's index in :data:`COST_KINDS`."""
+    return np.where(variants == "exact", 0, np.where(variants.str.startswith("store:"), 2, 1))
+
+
+def trial_cost(rows: pd.DataFrame, todo: pd.DataFrame | None = None,
+               medians_from: pd.DataFrame | None = None) -> pd.DataFrame:
     """What a retrieval grid's cells cost, from the ``seconds`` each run timed: per kind of variant
     (:data:`COST_KINDS`: exact, whose prefill the kernel variants share; a kernel variant, which runs only the
     tail after it; a stored format, whose cache changes every layer's input and so needs a prefill of its own) ×
-    context, ``median s [min–max]`` over the committed trials, and a last row with the CPU time of all the
-    context's committed cells. Seconds are as each run measured them, on the machine and beside whatever load it
-    had (the provenance JSON's commands name the machines): a guide for planning, not a benchmark."""
+    context, ``median s [min–max]`` over the committed trials, and a row with the CPU time of all the context's
+    committed cells. Seconds are as each run measured them, on the machine and beside whatever load it had (the
+    provenance JSON's commands name the machines): a guide for planning, not a benchmark.
+
+    ``todo`` (``context``, ``variant``: one row per trial not yet run, e.g. a sweep's cells missing from the
+    committed file) adds a last row: how many trials are left per context and their CPU time at the medians of
+    ``medians_from`` (default ``rows``; e.g. every task's rows of the same decoder, whose trials cost alike) for
+    each trial's kind at its context — "?" where no trial of that kind at that context has been timed."""
     if rows.empty or "seconds" not in rows:
         return pd.DataFrame()
-    kind = np.where(rows["variant"] == "exact", 0, np.where(rows["variant"].str.startswith("store:"), 2, 1))
-    rows = rows.assign(kind=kind)
-    contexts = sorted(int(c) for c in rows["context"].unique())
+    rows = rows.assign(kind=_cost_kind(rows["variant"]))
+    left = None if todo is None or todo.empty else todo.assign(kind=_cost_kind(todo["variant"]))
+    planned = rows["context"] if left is None else pd.concat([rows["context"], left["context"]])
+    contexts = sorted({int(c) for c in planned})
     cols = [f"{c:,}" for c in contexts]
     grid = pd.DataFrame("", index=pd.Index(COST_KINDS, name="variant"), columns=cols)
     for (k, c), g in rows.groupby(["kind", "context"]):
         sec = g["seconds"]
         grid.loc[COST_KINDS[k], f"{int(c):,}"] = f"{sec.median():.0f} s [{sec.min():.0f}–{sec.max():.0f}]"
     hours = rows.groupby("context")["seconds"].sum() / 3600
-    grid.loc["all committed cells, CPU time"] = [f"{hours.loc[c]:.1f} h" for c in contexts]
+    grid.loc["all committed cells, CPU time"] = [f"{hours.loc[c]:.1f} h" if c in hours.index else "" for c in contexts]
+    if left is not None:
+        ref = rows if medians_from is None else medians_from.assign(kind=_cost_kind(medians_from["variant"]))
+        median = ref.groupby(["context", "kind"])["seconds"].median()
+        cells = []
+        for c in contexts:
+            mine = left[left["context"] == c]
+            if mine.empty:
+                cells.append("none")
+                continue
+            counts = mine.groupby("kind").size()
+            known = all((c, k) in median.index for k in counts.index)
+            h = sum(n * median.get((c, k), 0.0) for k, n in counts.items()) / 3600
+            cells.append(f"{len(mine)} trials, " + (f"{h:.1f} h" if known else "? h"))
+        grid.loc["still to run, CPU time at the medians"] = cells
     return grid
 
 

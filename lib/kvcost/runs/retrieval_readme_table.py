@@ -23,12 +23,14 @@ from kvcost.experiments import two_decoders as two
 from kvcost.paths import repo_root
 from kvcost.retrieval.ruler import results_name
 from kvcost.runs import tables
+from kvcost.sweep import coverage, spec
 
 MODEL = "gemma3-270m"
 README = repo_root() / "data" / "real_model" / "gemma3_270m" / "README.md"
 START, END = "<!-- retrieval-tables:start -->", "<!-- retrieval-tables:end -->"
-#: The tasks shown, each with its committed file's name.
-TASKS = (("niah_single_1", "passkey.csv"), ("niah_multikey_1", results_name("niah_multikey_1")))
+#: The tasks shown, each with its committed file's name and the sweep that plans its grid (sweeps/).
+TASKS = (("niah_single_1", "passkey.csv", "gemma_passkey"),
+         ("niah_multikey_1", results_name("niah_multikey_1"), "gemma_multikey"))
 MIN_TRIALS = 20
 
 
@@ -41,10 +43,20 @@ def markdown(grid: pd.DataFrame) -> str:
     return "\n".join([head, rule, *body])
 
 
+def still_to_run(sweep_name: str) -> pd.DataFrame:
+    """The trials sweep ``sweep_name`` plans that its committed file lacks: ``context``, ``trial``, ``variant``."""
+    sweep = spec.load(sweep_name, check_scripts=False)
+    planned = set().union(*(coverage.run_cells(sweep, run) for run in sweep.runs))
+    key = sweep.publish_key
+    left = pd.DataFrame(sorted(planned - coverage.committed_keys(sweep)), columns=key)
+    return left.astype({"context": int, "trial": int}) if not left.empty else pd.DataFrame(columns=key)
+
+
 def tables_text() -> str:
     """The block between the markers, computed from the committed grids."""
     parts = []
-    for task, name in TASKS:
+    timed = pd.concat([two.load_results(MODEL, name, required=False) for _, name, _ in TASKS], ignore_index=True)
+    for task, name, sweep_name in TASKS:
         rows = two.load_results(MODEL, name, required=False)
         against = two.against_exact(rows, min_trials=MIN_TRIALS) if not rows.empty else rows
         if against.empty:
@@ -59,8 +71,9 @@ def tables_text() -> str:
                   markdown(two.verdict_grid(against, "margin")), "",
                   f"What a trial cost, {task}: seconds per trial as each run timed it, median [min–max] over the "
                   "committed trials (on whichever machine ran it, beside its load: the JSON's commands name "
-                  "them), and the CPU time of all the context's committed cells:", "",
-                  markdown(two.trial_cost(rows)), ""]
+                  "them), the CPU time of all the context's committed cells, and what the plan of record (sweep "
+                  f"`{sweep_name}`) still lacks, at the medians of both tasks' trials of each kind at that context:",
+                  "", markdown(two.trial_cost(rows, still_to_run(sweep_name), timed)), ""]
     return "\n".join(parts).rstrip("\n")
 
 
