@@ -627,9 +627,9 @@ def test_model_smoke():
     x = torch.tensor([ids])
     with torch.no_grad():
         plain = model(x, use_cache=False).logits
-        fp32 = model(x, past_key_values=decoders.StoredCache("fp32"), use_cache=True).logits
+        fp32 = model(x, cache=decoders.StoredCache("fp32"), use_cache=True).logits
         seen = []
-        q4 = model(x, past_key_values=decoders.StoredCache("q4_0", record=lambda i, k, v: seen.append(k.shape)),
+        q4 = model(x, cache=decoders.StoredCache("q4_0", record=lambda i, k, v: seen.append(k.shape)),
                    use_cache=True).logits
     assert torch.equal(plain, fp32)
     assert not torch.equal(plain, q4)
@@ -899,9 +899,9 @@ def test_gemma_banded_attention_gives_the_stock_logits():
         stock = model(x, use_cache=False).logits[0]
         attn = sliding_window.register(model)
         seen = []
-        band = model(x, past_key_values=decoders.StoredCache("fp32", record=lambda i, k, v: seen.append(k.shape),
+        band = model(x, cache=decoders.StoredCache("fp32", record=lambda i, k, v: seen.append(k.shape),
                                                                model=model), use_cache=True).logits[0]
-        q4 = model(x, past_key_values=decoders.StoredCache("q4_0", model=model), use_cache=True).logits[0]
+        q4 = model(x, cache=decoders.StoredCache("q4_0", model=model), use_cache=True).logits[0]
     assert attn.calls["sliding"] == 2 * 15 and attn.calls["full"] == 2 * 3
     assert float((band - stock).abs().max()) <= 2.0 ** -14 * float(stock.abs().max())
     assert torch.equal(band.argmax(-1), stock.argmax(-1))

@@ -456,7 +456,8 @@ def test_trial_cost_groups_the_seconds_by_what_a_variant_recomputes():
     assert grid.loc[two.COST_KINDS[2]].tolist() == ["45 s [40–50]", "3600 s [3600–3600]"]
     assert grid.iloc[-1].tolist() == ["0.0 h", "2.0 h"]
     assert two.trial_cost(rows.drop(columns="seconds")).empty
-    todo = pd.DataFrame({"context": [4096, 4096, 4096, 16384], "variant": ["store:nvfp4", "store:mxfp4", "fa3", "exact"]})
+    todo = pd.DataFrame({"context": [4096, 4096, 4096, 16384],
+                         "variant": ["store:nvfp4", "store:mxfp4", "fa3", "exact"]})
     left = two.trial_cost(rows, todo)
     assert list(left.columns) == ["4,096", "8,192", "16,384"]          # a context with nothing run yet is shown
     assert left.iloc[-1].tolist() == ["3 trials, 0.0 h", "none", "1 trials, ? h"]   # 2 x 45 s + 5 s; none timed
@@ -469,5 +470,5 @@ def test_a_generated_block_needs_both_markers():
     from kvcost.runs import tables
 
     assert tables.replace_between("a\n<s>\nold\n<e>\nb", "<s>", "<e>", "new", "X.md") == "a\n<s>\nnew\n<e>\nb"
-    with pytest.raises(SystemExit, match="X.md lacks the markers <s> and <e>"):
+    with pytest.raises(SystemExit, match=r"X\.md lacks the markers <s> and <e>"):
         tables.replace_between("a\n<s>\nold\nb", "<s>", "<e>", "new", "X.md")

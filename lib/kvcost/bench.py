@@ -303,7 +303,7 @@ def _real_model_rows() -> list[BenchResult]:
         attn.active = emulate
         try:
             with torch.no_grad():
-                model(ids, past_key_values=decoders.StoredCache("fp32"), use_cache=True, logits_to_keep=1)
+                model(ids, cache=decoders.StoredCache("fp32"), use_cache=True, logits_to_keep=1)
         finally:
             attn.active = False
 

@@ -234,7 +234,7 @@ def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str
                 if shared is None:
                     attn.active = False
                     shared = decoders.StoredCache("fp32")
-                    model(full[:, :n_pre], past_key_values=shared, use_cache=True, logits_to_keep=1)
+                    model(full[:, :n_pre], cache=shared, use_cache=True, logits_to_keep=1)
                 extra = shared.get_seq_length() - n_pre
                 if extra > 0:
                     shared.crop(-extra)
@@ -243,21 +243,21 @@ def run_trial(model: Any, attn: FA3Attention, prompt: Prompt, variants: list[str
                 if opt.pop("rows", "tail") == "answer":      # the question's rows exact as well
                     start = full.shape[1] - prompt.n_answer - 1
                     attn.active = False
-                    model(full[:, n_pre:start], past_key_values=shared, use_cache=True, logits_to_keep=1)
+                    model(full[:, n_pre:start], cache=shared, use_cache=True, logits_to_keep=1)
                 if kind == "split":
                     attn.split = {"haystack": opt.pop("haystack", 1.0), "needle": opt.pop("needle", 1.0),
                                   "layer": opt.pop("layer", None), "span": prompt.needle}
                 attn.active, attn.options = kind in ("fa3", "split"), opt
-                logits = model(full[:, start:], past_key_values=shared, use_cache=True,
+                logits = model(full[:, start:], cache=shared, use_cache=True,
                                logits_to_keep=prompt.n_answer + 1).logits[0]     # the rows _score reads
             elif kind == "store":
                 attn.active = False
                 cache = decoders.StoredCache(opt["fmt"], model=model)
-                logits = model(full, past_key_values=cache, use_cache=True,
+                logits = model(full, cache=cache, use_cache=True,
                                logits_to_keep=len(prompt.tail)).logits[0]
             else:                                    # fa3full: every row of every layer
                 attn.active, attn.options = True, opt
-                logits = model(full, past_key_values=decoders.StoredCache("fp32"), use_cache=True,
+                logits = model(full, cache=decoders.StoredCache("fp32"), use_cache=True,
                                logits_to_keep=len(prompt.tail)).logits[0]
             attn.active, attn.split = False, None
             out[name] = _score(logits, prompt.tail, prompt.n_answer) | {"seconds": time.perf_counter() - t0}

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 k_norm[i] = out[0].detach().numpy().copy()
             hooks.append(lay.self_attn.k_norm.register_forward_hook(norm_hook))
     with torch.no_grad():
-        model(torch.tensor([ids]), past_key_values=decoders.StoredCache("fp32", record=record_kv, model=model),
+        model(torch.tensor([ids]), cache=decoders.StoredCache("fp32", record=record_kv, model=model),
               use_cache=True)
     for h in hooks:
         h.remove()

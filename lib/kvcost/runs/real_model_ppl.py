@@ -144,14 +144,14 @@ def main(argv: list[str] | None = None) -> int:
                     logits = cached[fmt]
                 else:
                     with torch.no_grad():
-                        logits = model(x, past_key_values=decoders.StoredCache(fmt, model=model), use_cache=True,
+                        logits = model(x, cache=decoders.StoredCache(fmt, model=model), use_cache=True,
                                        logits_to_keep=c // 2).logits[0, :-1]
                 if fmt == "fp32":          # both references before any row: fp32 then fp16
                     refs.append(torch.log_softmax(logits.to(torch.float64), dim=-1))
                     seconds = {"fp32": time.perf_counter() - t0}
                     t1 = time.perf_counter()
                     with torch.no_grad():
-                        cached["fp16"] = model(x, past_key_values=decoders.StoredCache("fp16", model=model),
+                        cached["fp16"] = model(x, cache=decoders.StoredCache("fp16", model=model),
                                                use_cache=True, logits_to_keep=c // 2).logits[0, :-1]
                     seconds["fp16"] = time.perf_counter() - t1
                     refs.append(torch.log_softmax(cached["fp16"].to(torch.float64), dim=-1))
@@ -183,7 +183,7 @@ def _chunked_window(model, x, targets, c: int, w: int, formats: list[str], todo:
             continue
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = model.model(input_ids=x, past_key_values=decoders.StoredCache(fmt, model=model), use_cache=True)
+            out = model.model(input_ids=x, cache=decoders.StoredCache(fmt, model=model), use_cache=True)
         hidden[fmt] = out.last_hidden_state[0, c // 2:c - 1]
         seconds[fmt] = time.perf_counter() - t0
         print(f"context {c} window {w} {fmt}: forward {seconds[fmt]:.1f} s", flush=True)
