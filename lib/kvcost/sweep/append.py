@@ -95,7 +95,7 @@ def _seconds(rows: pd.DataFrame) -> str:
     s = pd.to_numeric(rows["seconds"], errors="coerce").dropna().tolist()
     if not s:
         return ""
-    return f"{min(s):g}-{max(s):g} s a row (median {statistics.median(s):g})"
+    return f"{min(s):.0f}-{max(s):.0f} s a row (median {statistics.median(s):.0f})"     # whole seconds: timing noise
 
 
 def _machine(m: dict) -> str:
