@@ -450,12 +450,16 @@ def test_trial_cost_groups_the_seconds_by_what_a_variant_recomputes():
                          "seconds": [30.0, 4.0, 6.0, 40.0, 50.0, 20.0, 3600.0, 3600.0]})
     grid = two.trial_cost(rows)
     assert list(grid.columns) == ["4,096", "8,192"]
-    assert list(grid.index) == [*two.COST_KINDS, "all committed cells, CPU time"]
+    assert list(grid.index) == [*two.COST_KINDS[:3], "all committed cells, CPU time"]   # no faithful-mode rows
     assert grid.loc[two.COST_KINDS[0]].tolist() == ["25 s [20–30]", "3600 s [3600–3600]"]
     assert grid.loc[two.COST_KINDS[1]].tolist() == ["5 s [4–6]", ""]           # a kernel variant: the tail only
     assert grid.loc[two.COST_KINDS[2]].tolist() == ["45 s [40–50]", "3600 s [3600–3600]"]
     assert grid.iloc[-1].tolist() == ["0.0 h", "2.0 h"]
     assert two.trial_cost(rows.drop(columns="seconds")).empty
+    full = two.trial_cost(rows.assign(variant=rows["variant"].replace({"fa3": "fa3full"})))
+    assert full.loc[two.COST_KINDS[3], "4,096"] == "4 s [4–4]"          # a full emulated pass is not a tail
+    with pytest.raises(ValueError, match="variant kinds \\['bogus'\\] unknown"):
+        two.trial_cost(rows.assign(variant="bogus:1"))
     todo = pd.DataFrame({"context": [4096, 4096, 4096, 16384],
                          "variant": ["store:nvfp4", "store:mxfp4", "fa3", "exact"]})
     left = two.trial_cost(rows, todo)

@@ -419,6 +419,7 @@ def bench_window_metrics(rows: int = 128, vocab: int = 262144) -> list[BenchResu
                         t_new, ratio, "x faster", 2.0, worst <= 1e-10 and ratio >= 2.0,
                         f"token_metrics per format {t_def:.1f} s; KL sums agree to {worst:.1g} relative")]
 
+
 def bench_fp8_storage(tokens: int = 32_768, head_dim: int = 256) -> list[BenchResult]:
     """FP8 (e4m3) storage of one Gemma 3 layer's K at 32k tokens (float32, per-tensor scale):
     :func:`kvcost.storage.quant.fp8_roundtrip`, one ml_dtypes cast of the clipped float32 quotient, against its

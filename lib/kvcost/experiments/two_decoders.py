@@ -118,10 +118,10 @@ def propagation_rows(model: str) -> pd.DataFrame:
     rows = load_results(model, PROPAGATION, required=False)
     if rows.empty or (rows["variant"] == "exact").any():
         return rows
-    pk = load_results(model, "passkey.csv", required=False)
-    if pk.empty:
+    passkey = load_results(model, "passkey.csv", required=False)
+    if passkey.empty:
         return rows
-    exact = pk[(pk["variant"] == "exact") & pk["context"].isin(rows["context"].unique())]
+    exact = passkey[(passkey["variant"] == "exact") & passkey["context"].isin(rows["context"].unique())]
     return pd.concat([exact, rows], ignore_index=True)
 
 
@@ -292,12 +292,19 @@ def verdict_grid(against: pd.DataFrame, value: str = "count") -> pd.DataFrame:
 
 #: The kinds of variant whose trials cost alike, as :func:`trial_cost` groups them.
 COST_KINDS = ("exact attention (the prompt's prefill)", "each FP8 kernel or register (after exact's prefix)",
-              "each stored format (a prefill of its own)")
+              "each stored format (a prefill of its own)", "each faithful-mode kernel (every row emulated)")
+#: :func:`kvcost.experiments.real_decoder_passkey.parse_variant`'s kinds, each as its index in :data:`COST_KINDS`.
+_COST_OF_KIND = {"exact": 0, "fa3": 1, "split": 1, "store": 2, "fa3full": 3}
 
 
 def _cost_kind(variants: pd.Series) -> np.ndarray:
-    """Each variant's index in :data:`COST_KINDS`."""
-    return np.where(variants == "exact", 0, np.where(variants.str.startswith("store:"), 2, 1))
+    """Each variant's index in :data:`COST_KINDS`, by its kind: the name before its first ``:``, as the passkey
+    runner's ``parse_variant`` reads it (experiments do not import each other)."""
+    kinds = [v.split(":", 1)[0] for v in variants]
+    unknown = sorted(set(kinds) - set(_COST_OF_KIND))
+    if unknown:
+        raise ValueError(f"parameter 'rows': variant kinds {unknown} unknown; allowed: {sorted(_COST_OF_KIND)}")
+    return np.array([_COST_OF_KIND[k] for k in kinds], dtype=int)
 
 
 def trial_cost(rows: pd.DataFrame, todo: pd.DataFrame | None = None,
@@ -324,6 +331,8 @@ def trial_cost(rows: pd.DataFrame, todo: pd.DataFrame | None = None,
     for (k, c), g in rows.groupby(["kind", "context"]):
         sec = g["seconds"]
         grid.loc[COST_KINDS[k], f"{int(c):,}"] = f"{sec.median():.0f} s [{sec.min():.0f}–{sec.max():.0f}]"
+    shown = set(rows["kind"]) | (set() if left is None else set(left["kind"]))
+    grid = grid.loc[[COST_KINDS[k] for k in sorted(shown)]]                  # only the kinds the grid has
     hours = rows.groupby("context")["seconds"].sum() / 3600
     grid.loc["all committed cells, CPU time"] = [f"{hours.loc[c]:.1f} h" if c in hours.index else "" for c in contexts]
     if left is not None:
