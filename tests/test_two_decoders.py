@@ -8,6 +8,7 @@ from kvcost.claims import two_decoders as claims
 from kvcost.experiments import real_decoder as real
 from kvcost.experiments import real_decoder_passkey as pk
 from kvcost.experiments import two_decoders as two
+from kvcost.models import decoders
 
 
 def _grid(variant_success: dict[str, list[int]]) -> pd.DataFrame:
@@ -459,7 +460,7 @@ def test_trial_cost_groups_the_seconds_by_what_a_variant_recomputes():
     assert two.trial_cost(rows.drop(columns="seconds")).empty
     full = two.trial_cost(rows.assign(variant=rows["variant"].replace({"fa3": "fa3full"})))
     assert full.loc[two.COST_KINDS[3], "4,096"] == "4 s [4–4]"          # a full emulated pass is not a tail
-    with pytest.raises(ValueError, match="variant kinds \\['bogus'\\] unknown"):
+    with pytest.raises(ValueError, match=r"parameter 'rows'.*unknown variant 'bogus:1'"):
         two.trial_cost(rows.assign(variant="bogus:1"))
     todo = pd.DataFrame({"context": [4096, 4096, 4096, 16384],
                          "variant": ["store:nvfp4", "store:mxfp4", "fa3", "exact"]})
@@ -477,3 +478,12 @@ def test_a_generated_block_needs_both_markers():
     assert tables.replace_between("a\n<s>\nold\n<e>\nb", "<s>", "<e>", "new", "X.md") == "a\n<s>\nnew\n<e>\nb"
     with pytest.raises(SystemExit, match=r"X\.md lacks the markers <s> and <e>"):
         tables.replace_between("a\n<s>\nold\nb", "<s>", "<e>", "new", "X.md")
+
+
+def test_a_variant_has_one_kind_from_the_one_list_the_runner_and_the_cost_table_read():
+    names = ("exact", "store:q4_0", "store:q8_0/q4_0", "fa3:frac_bits=5", "fa3full", "split:haystack=0")
+    assert [decoders.variant_kind(v) for v in names] == ["exact", "store", "store", "fa3", "fa3full", "split"]
+    assert {decoders.variant_kind(v) for v in names} == set(decoders.VARIANT_KINDS)
+    for bad in ("exact:x", "store:q3", "store", "fa2", "bogus:1"):
+        with pytest.raises(ValueError, match=r"parameter 'variant': unknown variant"):
+            decoders.variant_kind(bad)

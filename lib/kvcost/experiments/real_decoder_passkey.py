@@ -56,15 +56,14 @@ def parse_variant(name: str) -> tuple[str, dict[str, Any]]:
     ``fa3full[:k=v,...]`` (options: ``frac_bits`` (the P·V register alone), ``qk_frac_bits`` (QKᵀ's),
     ``flush_every``, ``p_format``, ``arch`` (the GPU whose FP8 unit runs the kernel, e.g. ``Blackwell``),
     and for ``fa3`` ``rows``: ``tail`` (question and answer, the default) or ``answer``)."""
-    if name == "exact":
+    kind = decoders.variant_kind(name)
+    if kind == "exact":
         return "exact", {}
-    fmt = decoders.stored_format(name)
-    if fmt is not None:
+    if kind == "store":
+        fmt = decoders.stored_format(name)
         decoders.parse_format(fmt)
         return "store", {"fmt": fmt}
-    kind, _, opts = name.partition(":")
-    if kind not in ("fa3", "fa3full", "split"):
-        raise ValueError(f"parameter 'variant': unknown variant {name!r}")
+    opts = name.partition(":")[2]
     out: dict[str, Any] = {}
     for item in filter(None, opts.split(",")):
         k, _, v = item.partition("=")

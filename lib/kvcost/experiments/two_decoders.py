@@ -255,7 +255,7 @@ def variant_order(variant: str) -> tuple:
         return (0, fixed.index(variant))
     if (m := re.fullmatch(r"fa3:frac_bits=(\d+)", variant)):
         return (1, -int(m.group(1)))
-    return (2, variant) if variant.startswith("store:") else (3, variant)
+    return (2, variant) if decoders.stored_format(variant) is not None else (3, variant)
 
 
 def verdict_grid(against: pd.DataFrame, value: str = "count") -> pd.DataFrame:
@@ -293,18 +293,22 @@ def verdict_grid(against: pd.DataFrame, value: str = "count") -> pd.DataFrame:
 #: The kinds of variant whose trials cost alike, as :func:`trial_cost` groups them.
 COST_KINDS = ("exact attention (the prompt's prefill)", "each FP8 kernel or register (after exact's prefix)",
               "each stored format (a prefill of its own)", "each faithful-mode kernel (every row emulated)")
-#: :func:`kvcost.experiments.real_decoder_passkey.parse_variant`'s kinds, each as its index in :data:`COST_KINDS`.
+#: Each of :data:`kvcost.models.decoders.VARIANT_KINDS` as its index in :data:`COST_KINDS`.
 _COST_OF_KIND = {"exact": 0, "fa3": 1, "split": 1, "store": 2, "fa3full": 3}
+if set(_COST_OF_KIND) != set(decoders.VARIANT_KINDS):        # a new kind must say what its trials cost
+    raise ImportError(f"two_decoders._COST_OF_KIND covers {sorted(_COST_OF_KIND)}, "
+                      f"not the variant kinds {sorted(decoders.VARIANT_KINDS)}")
 
 
 def _cost_kind(variants: pd.Series) -> np.ndarray:
-    """Each variant's index in :data:`COST_KINDS`, by its kind: the name before its first ``:``, as the passkey
-    runner's ``parse_variant`` reads it (experiments do not import each other)."""
-    kinds = [v.split(":", 1)[0] for v in variants]
-    unknown = sorted(set(kinds) - set(_COST_OF_KIND))
-    if unknown:
-        raise ValueError(f"parameter 'rows': variant kinds {unknown} unknown; allowed: {sorted(_COST_OF_KIND)}")
-    return np.array([_COST_OF_KIND[k] for k in kinds], dtype=int)
+    """Each variant's index in :data:`COST_KINDS`, by its kind (:func:`kvcost.models.decoders.variant_kind`)."""
+    kinds = {}
+    for v in pd.unique(variants):
+        try:
+            kinds[v] = decoders.variant_kind(v)
+        except ValueError as err:
+            raise ValueError(f"parameter 'rows': {err}") from None
+    return np.array([_COST_OF_KIND[kinds[v]] for v in variants], dtype=int)
 
 
 def trial_cost(rows: pd.DataFrame, todo: pd.DataFrame | None = None,

@@ -66,6 +66,7 @@ __all__ = [
     "STORAGE_FORMATS",
     "TEXT",
     "TEXTS",
+    "VARIANT_KINDS",
     "DEFAULT_TEXT",
     "Decoder",
     "StoredCache",
@@ -87,6 +88,7 @@ __all__ = [
     "store_kv",
     "stored_format",
     "tokenizer",
+    "variant_kind",
     "versions",
     "with_spec",
 ]
@@ -155,6 +157,29 @@ def stored_format(variant: str) -> str | None:
     except ValueError:
         return None
     return spec.without_store().label if spec.store else None
+
+
+#: The kinds of retrieval variant a real decoder runs, by what each changes: ``exact`` attention; ``store:<fmt>``,
+#: K/V kept in a storage format (:func:`stored_format`); ``fa3[:k=v,...]``, the FP8 attention kernel on the prompt's
+#: tail rows after exact's prefix; ``fa3full[:k=v,...]``, the kernel on every row; ``split[:k=v,...]``, exact
+#: attention with the haystack's or the needle's contribution scaled. The one list the passkey runner
+#: (``parse_variant``) and the cost tables read.
+VARIANT_KINDS = ("exact", "store", "fa3", "fa3full", "split")
+
+
+def variant_kind(variant: str) -> str:
+    """The kind (one of :data:`VARIANT_KINDS`) of a retrieval variant's name; ValueError naming ``variant`` for a
+    name of no kind (a ``store:`` prefix on no format the spec parser reads, an unknown kind, options on
+    ``exact``)."""
+    if variant == "exact":
+        return "exact"
+    if stored_format(variant) is not None:
+        return "store"
+    kind = variant.partition(":")[0]
+    if kind in ("exact", "store") or kind not in VARIANT_KINDS:
+        raise ValueError(f"parameter 'variant': unknown variant {variant!r}; allowed: exact, store:<format>, "
+                         "fa3[:k=v,...], fa3full[:k=v,...], split[:k=v,...]")
+    return kind
 
 
 def gguf_channel_order(head_dim: int) -> np.ndarray:
