@@ -119,3 +119,20 @@ def test_a_table_recorded_with_one_command_gains_a_list_of_them(tmp_path):
     data = json.loads(meta.read_text())
     assert "command" not in data and data["commands"] == ["first run", done.entry]
     assert "machine: AMD EPYC, 2 CPUs (AVX2)): 4 rows appended here; 40-40 s a row (median 40)" in done.entry
+
+
+def test_append_takes_the_key_of_the_sweep_that_publishes_the_table(tmp_path, monkeypatch):
+    from kvcost.paths import repo_root
+    from kvcost.sweep import spec
+    llama = repo_root() / "data" / "real_model" / "gemma3_270m" / "llamacpp_windows.csv"
+    assert spec.publish_key(llama) == ["context", "window", "format"]            # sweeps/gemma_llamacpp.yaml
+    assert spec.publish_key(repo_root() / "data" / "real_model" / "gemma3_270m" / "niah_multikey_1.csv") == [
+        "context", "trial", "variant"]
+    assert spec.publish_key(tmp_path / "niah_multikey_1.csv") is None           # no sweep publishes this file
+    for name, key in (("a", ["context", "window"]), ("b", ["context", "format"])):
+        (tmp_path / f"{name}.yaml").write_text(
+            "script: scripts/llamacpp_reference.py\ntable: t.csv\nproduct:\n  window: [0]\n"
+            f"publish:\n  path: data/real_model/gemma3_270m/llamacpp_windows.csv\n  key: {key}\n")
+    monkeypatch.setattr(spec, "available", lambda: sorted(tmp_path.glob("*.yaml")))
+    with pytest.raises(ValueError, match="under different keys"):
+        spec.publish_key(llama)

@@ -22,7 +22,7 @@ from kvcost.runner import LOG_FILE, check_out
 from kvcost.sweep.append import append_rows
 from kvcost.sweep.coverage import run_coverage
 from kvcost.sweep.execute import Outcome, run_sweep
-from kvcost.sweep.spec import Sweep, available, describe, load
+from kvcost.sweep.spec import Sweep, available, describe, load, publish_key
 from kvcost.sweep.store import is_sweep_folder, publish, record, run_dir, seconds_per_run, state
 
 __all__ = ["duration", "main"]
@@ -134,8 +134,15 @@ def _report(sweep: Sweep, out: Path, outcome: Outcome, resume: str) -> int:
     return 0 if outcome.complete else 1
 
 
+#: ``append``'s key where no sweep publishes the table: a retrieval grid's.
+DEFAULT_APPEND_KEY = ("context", "trial", "variant")
+
+
 def _append(args: argparse.Namespace) -> int:
-    key = tuple(k.strip() for k in args.key.split(",") if k.strip())
+    if args.key is None:                  # the table's own key, as the sweep that publishes it names it
+        key = tuple(publish_key(args.table) or DEFAULT_APPEND_KEY)
+    else:
+        key = tuple(k.strip() for k in args.key.split(",") if k.strip())
     if not key:
         raise ValueError(f"--key must name at least one column, got {args.key!r}")
     done = append_rows(args.table, args.runs, key=key, trials=args.trials, note=args.note, dry_run=args.dry_run)
@@ -161,8 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                              "table, checked like publish; re-run rows are compared, not appended")
     append_p.add_argument("table", help="the committed table, e.g. data/real_model/gemma3_270m/niah_multikey_1.csv")
     append_p.add_argument("runs", nargs="+", metavar="RUN_CSV", help="the runs' --out files (a .json beside each)")
-    append_p.add_argument("--key", default="context,trial,variant",
-                          help="the columns that identify a row, comma-separated (default context,trial,variant)")
+    append_p.add_argument("--key", default=None,
+                          help="the columns that identify a row, comma-separated (default: the 'publish' key of the "
+                               f"sweep that publishes the table, else {','.join(DEFAULT_APPEND_KEY)})")
     append_p.add_argument("--trials", type=int, help="each new cell must hold exactly trials 0..N-1")
     append_p.add_argument("--note", default="", help="what the command line cannot say (worktree, what ran beside)")
     append_p.add_argument("--dry-run", action="store_true", help="check and report; change nothing")

@@ -51,7 +51,7 @@ from kvcost.params import clip, shorten
 from kvcost.paths import repo_root
 from kvcost.runner import check_params, load_yaml, notebook_path, run_key, script_argv, source_hash
 
-__all__ = ["MAX_RUNS", "Run", "Sweep", "available", "describe", "expand", "load", "script_hash", "kvcost_imports",
+__all__ = ["MAX_RUNS", "Run", "Sweep", "available", "describe", "expand", "load", "publish_key", "script_hash", "kvcost_imports",
            "sweeps_dir"]
 
 #: The most runs one sweep may have (checked before the grid is built).
@@ -114,6 +114,18 @@ def sweeps_dir() -> Path:
 def available() -> list[Path]:
     """The predefined sweeps (``sweeps/*.yaml``), by name."""
     return sorted(sweeps_dir().glob("*.yaml"))
+
+
+def publish_key(table: str | Path) -> list[str] | None:
+    """The key columns of the predefined sweep that publishes ``table`` (its ``publish: path``), None where no
+    sweep does; ValueError where two sweeps publish it under different keys."""
+    target = Path(table).resolve()
+    keys = {tuple(s.publish_key) for s in (load(p, check_scripts=False) for p in available())
+            if s.publish is not None and s.publish.resolve() == target}
+    if len(keys) > 1:
+        raise ValueError(f"table: sweeps publish {Path(table).name} under different keys {sorted(keys)}; "
+                         "name one with --key")
+    return list(keys.pop()) if keys else None
 
 
 def describe(params: Mapping[str, Any], names: list[str] | None = None) -> str:
