@@ -51,8 +51,8 @@ from kvcost.params import clip, shorten
 from kvcost.paths import repo_root
 from kvcost.runner import check_params, load_yaml, notebook_path, run_key, script_argv, source_hash
 
-__all__ = ["MAX_RUNS", "Run", "Sweep", "available", "describe", "expand", "load", "publish_key", "script_hash", "kvcost_imports",
-           "sweeps_dir"]
+__all__ = ["MAX_RUNS", "Run", "Sweep", "available", "describe", "expand", "load", "publish_key", "script_hash",
+           "kvcost_imports", "sweeps_dir"]
 
 #: The most runs one sweep may have (checked before the grid is built).
 MAX_RUNS = 100_000
