@@ -176,9 +176,9 @@ def variant_kind(variant: str) -> str:
     if stored_format(variant) is not None:
         return "store"
     kind = variant.partition(":")[0]
-    if kind in ("exact", "store") or kind not in VARIANT_KINDS:
-        raise ValueError(f"parameter 'variant': unknown variant {variant!r}; allowed: exact, store:<format>, "
-                         "fa3[:k=v,...], fa3full[:k=v,...], split[:k=v,...]")
+    if kind in ("exact", "store") or kind not in VARIANT_KINDS:      # those two were matched whole above
+        allowed = ["exact", "store:<format>", *(f"{k}[:k=v,...]" for k in VARIANT_KINDS if k not in ("exact", "store"))]
+        raise ValueError(f"parameter 'variant': unknown variant {variant!r}; allowed: {', '.join(allowed)}")
     return kind
 
 
